@@ -1,0 +1,188 @@
+//! `memory:SIZE`: a sparse in-memory disk. Pages are allocated on first
+//! write, freed by trim and zeroing, so memory use stays within SIZE and in
+//! practice within what was written.
+
+use super::BackendSpec;
+use crate::block::{ready, BlockDev, DevInfo, DevRef, Extent, IoFuture, Reply, Request};
+use crate::util::parse_size;
+use anyhow::{Context, Result};
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+const PAGE_SHIFT: u32 = 16;
+const PAGE: u64 = 1 << PAGE_SHIFT;
+const SHARDS: usize = 64;
+
+type Page = Box<[u8]>;
+
+pub struct MemoryDev {
+    size: u64,
+    shards: Vec<Mutex<HashMap<u64, Page>>>,
+}
+
+pub fn open(s: &BackendSpec) -> Result<DevRef> {
+    s.check_opts(&[])?;
+    let size = parse_size(&s.arg).context("memory backend: SIZE")?;
+    Ok(Arc::new(MemoryDev::new(size)))
+}
+
+impl MemoryDev {
+    pub fn new(size: u64) -> Self {
+        MemoryDev {
+            size,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(&self, page: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Page>> {
+        // A poisoned shard only means another request panicked mid-copy;
+        // the map itself is still consistent.
+        self.shards[(page as usize) % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `f(page, offset_in_page, range_in_buffer)` for each page piece
+    /// of `[off, off+len)`.
+    fn pieces(off: u64, len: u64, mut f: impl FnMut(u64, usize, std::ops::Range<usize>)) {
+        let mut done = 0u64;
+        while done < len {
+            let pos = off + done;
+            let page = pos >> PAGE_SHIFT;
+            let in_page = (pos & (PAGE - 1)) as usize;
+            let n = (PAGE - in_page as u64).min(len - done);
+            f(page, in_page, done as usize..(done + n) as usize);
+            done += n;
+        }
+    }
+
+    fn read_at(&self, off: u64, len: u32) -> Bytes {
+        let mut buf = BytesMut::zeroed(len as usize);
+        Self::pieces(off, len as u64, |page, at, r| {
+            if let Some(p) = self.shard(page).get(&page) {
+                buf[r.clone()].copy_from_slice(&p[at..at + r.len()]);
+            }
+        });
+        buf.freeze()
+    }
+
+    fn write_at(&self, off: u64, data: &[u8]) {
+        Self::pieces(off, data.len() as u64, |page, at, r| {
+            let mut s = self.shard(page);
+            let p = s
+                .entry(page)
+                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
+            p[at..at + r.len()].copy_from_slice(&data[r]);
+        });
+    }
+
+    /// Zeroes a range; whole pages are freed unless `keep` (NO_HOLE).
+    fn zero(&self, off: u64, len: u64, keep: bool) {
+        Self::pieces(off, len, |page, at, r| {
+            let mut s = self.shard(page);
+            if r.len() as u64 == PAGE && !keep {
+                s.remove(&page);
+            } else if let Some(p) = s.get_mut(&page) {
+                p[at..at + r.len()].fill(0);
+            } else if keep {
+                s.insert(page, vec![0u8; PAGE as usize].into_boxed_slice());
+            }
+        });
+    }
+
+    fn extents(&self, off: u64, len: u64) -> Vec<Extent> {
+        let mut out: Vec<Extent> = Vec::new();
+        Self::pieces(off, len, |page, _, r| {
+            let hole = !self.shard(page).contains_key(&page);
+            let n = r.len() as u64;
+            match out.last_mut() {
+                Some(e) if e.hole == hole => e.len += n,
+                _ => out.push(Extent {
+                    len: n,
+                    hole,
+                    zero: hole,
+                }),
+            }
+        });
+        out
+    }
+
+    /// Bytes of memory held by pages.
+    pub fn allocated(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len() as u64 * PAGE)
+            .sum()
+    }
+}
+
+impl BlockDev for MemoryDev {
+    fn info(&self) -> DevInfo {
+        DevInfo::full(self.size)
+    }
+
+    fn submit(&self, req: Request) -> IoFuture {
+        if let Err(e) = req.check_range(self.size) {
+            return ready(Err(e));
+        }
+        ready(Ok(match req {
+            Request::Read { offset, len } => Reply::Data(self.read_at(offset, len)),
+            Request::Write { offset, data, .. } => {
+                self.write_at(offset, &data);
+                Reply::Done(data.len() as u64)
+            }
+            Request::Trim { offset, len, .. } => {
+                self.zero(offset, len as u64, false);
+                Reply::Done(0)
+            }
+            Request::WriteZeroes { offset, len, flags } => {
+                self.zero(offset, len as u64, flags.no_hole);
+                Reply::Done(0)
+            }
+            Request::BlockStatus { offset, len } => {
+                Reply::Extents(self.extents(offset, len as u64))
+            }
+            Request::Flush | Request::Cache { .. } => Reply::Done(0),
+        }))
+    }
+
+    fn name(&self) -> String {
+        "memory".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::{BlockDevExt, Errno, Flags};
+
+    #[tokio::test]
+    async fn write_read_trim_across_pages() {
+        let d = MemoryDev::new(1 << 20);
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        d.write(1000, Bytes::from(data.clone()), Flags::NONE)
+            .await
+            .unwrap();
+        let got = d.read(1000, data.len() as u32).await.unwrap();
+        assert_eq!(&got[..], &data[..]);
+        assert_eq!(d.allocated(), 4 * PAGE);
+        d.submit(Request::Trim {
+            offset: 0,
+            len: 1 << 20,
+            flags: Flags::NONE,
+        })
+        .await
+        .unwrap();
+        assert_eq!(d.allocated(), 0);
+        let got = d.read(1000, 10).await.unwrap();
+        assert!(got.iter().all(|&b| b == 0));
+        let e = d
+            .submit(Request::Read {
+                offset: (1 << 20) - 1,
+                len: 2,
+            })
+            .await;
+        assert_eq!(e, Err(Errno::EINVAL));
+    }
+}

@@ -1,0 +1,46 @@
+//! The `iolift` command line: one subcommand per file.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+pub mod serve;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "iolift",
+    version,
+    about = "A user-space block I/O stack with accelerator offload"
+)]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info`, `iolift=debug`.
+    #[arg(long, global = true, env = "IOLIFT_LOG", default_value = "info")]
+    pub log: String,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Serve block devices over NBD (unix socket and/or TCP).
+    Serve(serve::ServeArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let r = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("iolift: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! iolift: a user-space block I/O stack with accelerator offload.
+//!
+//! Layers, top to bottom (see `docs/design.md`):
+//! - front-ends ([`nbd`]) turn wire requests into [`block::Request`]s;
+//! - stages ([`stage`]) wrap a device and add caching, scheduling, stats;
+//! - backends ([`backend`]) store the data.
+
+pub mod backend;
+pub mod block;
+pub mod cli;
+pub mod nbd;
+pub mod stage;
+pub mod util;

@@ -1,0 +1,1 @@
+//! The NBD front-end (protocol: NetworkBlockDevice/nbd doc/proto.md).
