@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# THE test command of iolift: installs the peer tools the suite needs (Debian
+# packages, only when missing), builds everything in release mode and runs the
+# whole test suite. CI runs it through .ci/run (with CI=true).
+#
+#   scripts/test.sh                      # everything
+#   scripts/test.sh --test nbd_clients   # extra args go to `cargo test`
+#   IOLIFT_NO_INSTALL=1 scripts/test.sh  # never call apt-get
+#
+# See docs/testing.md for how the suite is organised.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# ---------------------------------------------------------------------------
+# Debian packages the test suite needs. ONE LIST: add yours here, one per line.
+# ---------------------------------------------------------------------------
+PACKAGES=(
+    libnbd-bin      # nbdinfo, nbdcopy, nbdsh
+    python3-libnbd  # python3 `import nbd` (tests/python/*.py)
+    qemu-utils      # qemu-img, qemu-io
+    fio             # fio ioengine=nbd
+    nbdkit          # sanity peer for the harness and bench/
+)
+# ---------------------------------------------------------------------------
+
+log() { printf '[test.sh] %s\n' "$*" >&2; }
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+if ((${#missing[@]})); then
+    if [[ "${IOLIFT_NO_INSTALL:-}" == 1 ]]; then
+        log "missing packages: ${missing[*]} (IOLIFT_NO_INSTALL=1: not installing; tests needing them will fail)"
+    else
+        SUDO=()
+        if [[ $(id -u) != 0 ]]; then
+            command -v sudo >/dev/null || { log "missing ${missing[*]} and not root and no sudo"; exit 1; }
+            SUDO=(sudo)
+        fi
+        log "installing: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        "${SUDO[@]}" apt-get update -q
+        "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+    fi
+fi
+
+command -v cargo >/dev/null || { log "cargo not found: install Rust (https://rustup.rs), then rerun"; exit 1; }
+
+log "cargo $(cargo --version | cut -d' ' -f2), $(nproc) cores, CI=${CI:-}"
+start=$(date +%s)
+cargo build --release --workspace
+cargo test --release --workspace "$@"
+log "suite passed in $(( $(date +%s) - start )) s"
