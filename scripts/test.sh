@@ -20,6 +20,12 @@ PACKAGES=(
     qemu-utils      # qemu-img, qemu-io
     fio             # fio ioengine=nbd
     nbdkit          # sanity peer for the harness and bench/
+    ceph-mon        # tests/rbd_*: local Ceph cluster (scripts/ceph-local.sh)
+    ceph-osd
+    ceph-mgr
+    ceph-common     # ceph, rados, rbd CLIs
+    librbd1         # loaded at run time by the rbd backend
+    qemu-block-extra  # qemu-img/qemu-nbd rbd:pool/image driver
 )
 # ---------------------------------------------------------------------------
 

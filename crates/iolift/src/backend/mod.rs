@@ -10,6 +10,7 @@ use anyhow::{bail, Result};
 pub mod file;
 pub mod memory;
 pub mod null;
+pub mod rbd;
 
 /// A parsed backend spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +78,7 @@ pub fn open(spec: &str) -> Result<DevRef> {
         "null" => null::open(&s),
         "memory" => memory::open(&s),
         "file" => file::open(&s),
-        other => bail!("unknown backend kind {other:?} in {spec:?} (known: null, memory, file)"),
+        "rbd" => rbd::open(&s),
+        other => bail!("unknown backend kind {other:?} in {spec:?} (known: null, memory, file, rbd)"),
     }
 }
