@@ -144,10 +144,10 @@ fn load_api() -> Result<Api, String> {
     })
 }
 
-/// A negative return code as text, e.g. `No such file or directory (ENOENT)`.
+/// A negative return code as text, e.g. `No such file or directory (os error 2)`.
 fn errtext(r: i64) -> String {
     let e = (-r).clamp(0, i32::MAX as i64) as i32;
-    format!("{} (errno {e})", std::io::Error::from_raw_os_error(e))
+    std::io::Error::from_raw_os_error(e).to_string()
 }
 
 fn cstr(what: &str, s: &str) -> Result<CString> {
