@@ -1,1 +1,257 @@
 //! The NBD front-end (protocol: NetworkBlockDevice/nbd doc/proto.md).
+//!
+//! - [`proto`], constants;
+//! - [`wire`], pure parsers and encoders (fuzzed by `nbd::fuzz` tests);
+//! - [`conn`], one connection (handshake, then reader and writer tasks);
+//! - this file: exports, listeners, accept loops and shutdown.
+//!
+//! See `docs/nbd.md`.
+
+pub mod conn;
+pub mod proto;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use crate::block::{DevInfo, DevRef};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// One named device served over NBD (and possibly other front-ends).
+pub struct Export {
+    pub name: String,
+    pub dev: DevRef,
+    pub read_only: bool,
+    /// Sent as NBD_INFO_DESCRIPTION.
+    pub description: String,
+}
+
+impl std::fmt::Debug for Export {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export")
+            .field("name", &self.name)
+            .field("dev", &self.dev.name())
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+/// Server-wide settings.
+#[derive(Debug, Clone)]
+pub struct ServerCfg {
+    /// Largest read/write payload accepted.
+    pub max_request: u32,
+    /// Per-connection cap on bytes of requests in flight.
+    pub inflight_bytes: u64,
+    /// A client must finish the handshake within this.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerCfg {
+    fn default() -> Self {
+        ServerCfg {
+            max_request: 32 << 20,
+            inflight_bytes: 64 << 20,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Exports plus settings, shared by every connection.
+pub struct Server {
+    pub exports: Vec<Arc<Export>>,
+    /// The export that answers to the empty name when none is named "".
+    pub default_export: Option<String>,
+    pub cfg: ServerCfg,
+}
+
+impl Server {
+    pub fn new(exports: Vec<Export>, default_export: Option<String>, cfg: ServerCfg) -> Self {
+        Server {
+            exports: exports.into_iter().map(Arc::new).collect(),
+            default_export,
+            cfg,
+        }
+    }
+
+    /// The export a client's name selects.
+    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
+        if let Some(e) = self.exports.iter().find(|e| e.name == name) {
+            return Some(e.clone());
+        }
+        if name.is_empty() {
+            let d = self.default_export.as_deref()?;
+            return self.exports.iter().find(|e| e.name == d).cloned();
+        }
+        None
+    }
+
+    /// (minimum, preferred, maximum) block sizes for NBD_INFO_BLOCK_SIZE.
+    pub fn block_sizes(&self, info: &DevInfo) -> (u32, u32, u32) {
+        let min = info.min_block.max(1);
+        let pref = info.pref_block.max(min);
+        let max = self.max_request(info).max(pref);
+        (min, pref, max)
+    }
+
+    fn max_request(&self, info: &DevInfo) -> u32 {
+        let m = if info.max_block == 0 {
+            self.cfg.max_request
+        } else {
+            self.cfg.max_request.min(info.max_block)
+        };
+        m.max(1)
+    }
+
+    pub(crate) fn session(
+        &self,
+        info: &DevInfo,
+        tflags: u16,
+        structured: bool,
+        meta: &Option<(String, bool)>,
+        name: &str,
+    ) -> wire::Session {
+        // Contexts chosen for another export name do not carry over.
+        let base_allocation = structured && matches!(meta, Some((n, true)) if n == name);
+        wire::Session {
+            size: info.size,
+            tflags,
+            structured,
+            base_allocation,
+            max_request: self.max_request(info),
+        }
+    }
+}
+
+/// A bound listening socket.
+pub enum Listener {
+    /// A unix socket; the path is removed when the server stops (unless
+    /// it was inherited from systemd, then `None`).
+    Unix(UnixListener, Option<PathBuf>),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Unix(l, p) => match p {
+                Some(p) => format!("unix:{}", p.display()),
+                None => format!("unix:{:?} (inherited)", l.local_addr().ok()),
+            },
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => format!("tcp:{a}"),
+                Err(_) => "tcp:?".into(),
+            },
+        }
+    }
+}
+
+/// Serves every listener until `shutdown` turns true; then stops
+/// accepting, lets open connections finish their in-flight requests
+/// (waiting at most `grace`), and removes unix socket files.
+pub async fn run(
+    server: Arc<Server>,
+    listeners: Vec<Listener>,
+    shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let mut accepters = JoinSet::new();
+    let mut paths = Vec::new();
+    for l in listeners {
+        if let Listener::Unix(_, Some(p)) = &l {
+            paths.push(p.clone());
+        }
+        accepters.spawn(accept_loop(server.clone(), l, shutdown.clone()));
+    }
+    let mut sets: Vec<JoinSet<()>> = Vec::new();
+    while let Some(r) = accepters.join_next().await {
+        if let Ok(mut set) = r {
+            while set.try_join_next().is_some() {}
+            sets.push(set);
+        }
+    }
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
+    let open: usize = sets.iter().map(|s| s.len()).sum();
+    if open > 0 {
+        tracing::info!("waiting for {open} connection(s) to finish");
+    }
+    let wait = async {
+        for s in sets.iter_mut() {
+            while s.join_next().await.is_some() {}
+        }
+    };
+    if tokio::time::timeout(grace, wait).await.is_err() {
+        let left: usize = sets.iter().map(|s| s.len()).sum();
+        tracing::warn!("{left} connection(s) still busy after {grace:?}; closing them");
+        for s in sets.iter_mut() {
+            s.abort_all();
+        }
+    }
+}
+
+async fn accept_loop(
+    server: Arc<Server>,
+    l: Listener,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinSet<()> {
+    let mut conns = JoinSet::new();
+    let mut next_id = 0u64;
+    loop {
+        // Reap finished connections so the set does not grow forever.
+        while conns.try_join_next().is_some() {}
+        next_id += 1;
+        let sd = shutdown.clone();
+        let srv = server.clone();
+        tokio::select! {
+            _ = stopped(&mut shutdown) => break,
+            r = accept_one(&l) => match r {
+                Ok(Accepted::Unix(s)) => {
+                    let peer = format!("unix#{next_id}");
+                    tracing::debug!(%peer, "connection");
+                    let (r, w) = s.into_split();
+                    conns.spawn(conn::serve(srv, r, w, peer, sd));
+                }
+                Ok(Accepted::Tcp(s, a)) => {
+                    let peer = format!("tcp:{a}#{next_id}");
+                    tracing::debug!(%peer, "connection");
+                    let _ = s.set_nodelay(true);
+                    let (r, w) = s.into_split();
+                    conns.spawn(conn::serve(srv, r, w, peer, sd));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("accept on {} failed: {e}", l.describe());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+    conns
+}
+
+/// Completes once `rx` turns true (never, if its sender is gone without
+/// turning it true).
+pub async fn stopped(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream, std::net::SocketAddr),
+}
+
+async fn accept_one(l: &Listener) -> std::io::Result<Accepted> {
+    match l {
+        Listener::Unix(l, _) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+        Listener::Tcp(l) => l.accept().await.map(|(s, a)| Accepted::Tcp(s, a)),
+    }
+}

@@ -1,0 +1,533 @@
+//! One NBD connection: handshake, then transmission.
+//!
+//! Transmission runs two tasks per connection. The reader reads request
+//! headers through a large `BufReader`, judges them with
+//! [`wire::decode_request`], reads write payloads straight into a
+//! `BytesMut` and submits to the device. A request whose future is already
+//! complete on the first poll (the memory and null backends) is answered
+//! without spawning; others get a task. Completions go through an unbounded
+//! channel to the writer task, which encodes replies into one buffer and
+//! writes it when the channel is empty (batching at queue depth > 1).
+//! In-flight memory is capped per connection by a semaphore counted in
+//! bytes, so a client that never reads its replies stops being read.
+
+use super::proto::*;
+use super::wire::{self, Action, Fatal, Opt, Session};
+use super::Server;
+use crate::block::{Completion, Errno, IoFuture, Reply, Request};
+use bytes::{Bytes, BytesMut};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+
+/// Fixed cost charged per request against the in-flight cap, so that
+/// payload-free requests are bounded too.
+const REQUEST_COST: u32 = 4096;
+/// Read data up to this size is copied into the reply batch buffer; larger
+/// data is written from its own buffer.
+const COPY_LIMIT: usize = 32 * 1024;
+/// Write the reply batch once it grows past this.
+const BATCH_LIMIT: usize = 256 * 1024;
+/// Reader buffer size.
+const READ_BUF: usize = 256 * 1024;
+
+/// The export and session a successful handshake leads to.
+pub(crate) struct Negotiated {
+    pub export: Arc<super::Export>,
+    pub session: Session,
+}
+
+/// Serves one connection until the client leaves, a fatal protocol error,
+/// or shutdown. Never panics on client input; logs one line on abnormal
+/// ends.
+pub async fn serve<R, W>(
+    server: Arc<Server>,
+    rd: R,
+    mut wr: W,
+    peer: String,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut rd = BufReader::with_capacity(READ_BUF, rd);
+    let hs = handshake(&server, &mut rd, &mut wr);
+    let neg = tokio::select! {
+        r = tokio::time::timeout(server.cfg.handshake_timeout, hs) => match r {
+            Ok(Ok(Some(n))) => n,
+            Ok(Ok(None)) => {
+                tracing::debug!(%peer, "client ended the handshake");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::info!(%peer, "handshake failed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::info!(%peer, "handshake timed out");
+                return;
+            }
+        },
+        _ = super::stopped(&mut shutdown) => return,
+    };
+    tracing::debug!(%peer, export = %neg.export.name, "transmission starts");
+    transmission(server, neg, rd, wr, peer, shutdown).await;
+}
+
+#[derive(Debug)]
+enum HsError {
+    Io(std::io::Error),
+    Fatal(Fatal),
+}
+
+impl std::fmt::Display for HsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HsError::Io(e) => write!(f, "{e}"),
+            HsError::Fatal(e) => write!(f, "protocol error: {e}"),
+        }
+    }
+}
+
+impl From<std::io::Error> for HsError {
+    fn from(e: std::io::Error) -> Self {
+        HsError::Io(e)
+    }
+}
+impl From<Fatal> for HsError {
+    fn from(e: Fatal) -> Self {
+        HsError::Fatal(e)
+    }
+}
+
+/// EOF at a message boundary is a normal end; inside one it is an error.
+fn eof_is_none<T>(r: std::io::Result<T>) -> Result<Option<T>, HsError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs the fixed newstyle handshake. `Ok(None)`: the client aborted or
+/// left cleanly.
+async fn handshake<R, W>(
+    server: &Server,
+    rd: &mut BufReader<R>,
+    wr: &mut W,
+) -> Result<Option<Negotiated>, HsError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut out = BytesMut::with_capacity(256);
+    wire::put_greeting(&mut out);
+    wr.write_all(&out).await?;
+    wr.flush().await?;
+    let mut fb = [0u8; 4];
+    if eof_is_none(rd.read_exact(&mut fb).await)?.is_none() {
+        return Ok(None);
+    }
+    let cf = wire::parse_client_flags(&fb)?;
+    let mut structured = false;
+    // (export name, base:allocation selected) from SET_META_CONTEXT.
+    let mut meta: Option<(String, bool)> = None;
+    loop {
+        let mut hb = [0u8; OPTION_HEADER_LEN];
+        if eof_is_none(rd.read_exact(&mut hb).await)?.is_none() {
+            return Ok(None);
+        }
+        let oh = wire::parse_option_header(&hb)?;
+        out.clear();
+        if oh.len > MAX_OPTION_LEN {
+            if oh.opt == OPT_EXPORT_NAME {
+                return Err(Fatal(format!("EXPORT_NAME of {} bytes", oh.len)).into());
+            }
+            let n = tokio::io::copy(&mut (&mut *rd).take(oh.len as u64), &mut tokio::io::sink())
+                .await?;
+            if n < oh.len as u64 {
+                return Ok(None);
+            }
+            wire::put_opt_reply(&mut out, oh.opt, REP_ERR_TOO_BIG, b"option too long");
+            wr.write_all(&out).await?;
+            continue;
+        }
+        let mut data = vec![0u8; oh.len as usize];
+        rd.read_exact(&mut data).await?;
+        let opt = match wire::parse_option(oh.opt, &data) {
+            Ok(o) => o,
+            Err(e) => {
+                if oh.opt == OPT_EXPORT_NAME {
+                    return Err(Fatal(format!("EXPORT_NAME: {}", e.msg)).into());
+                }
+                tracing::debug!("option {}: {}", opt_name(oh.opt), e.msg);
+                wire::put_opt_reply(&mut out, oh.opt, e.code, e.msg.as_bytes());
+                wr.write_all(&out).await?;
+                continue;
+            }
+        };
+        match opt {
+            Opt::Abort => {
+                wire::put_opt_reply(&mut out, oh.opt, REP_ACK, &[]);
+                // The client may already have gone; that is fine.
+                let _ = wr.write_all(&out).await;
+                let _ = wr.flush().await;
+                return Ok(None);
+            }
+            Opt::List => {
+                for e in &server.exports {
+                    wire::put_rep_server(&mut out, &e.name);
+                }
+                wire::put_opt_reply(&mut out, oh.opt, REP_ACK, &[]);
+            }
+            Opt::StructuredReply => {
+                structured = true;
+                wire::put_opt_reply(&mut out, oh.opt, REP_ACK, &[]);
+            }
+            Opt::MetaContext {
+                set,
+                export,
+                queries,
+            } => {
+                if set && !structured {
+                    wire::put_opt_reply(
+                        &mut out,
+                        oh.opt,
+                        REP_ERR_INVALID,
+                        b"SET_META_CONTEXT needs STRUCTURED_REPLY first",
+                    );
+                } else if server.find(&export).is_none() {
+                    wire::put_opt_reply(&mut out, oh.opt, REP_ERR_UNKNOWN, b"no such export");
+                } else {
+                    let hit = wire::match_contexts(set, &queries);
+                    if hit {
+                        wire::put_rep_meta(&mut out, oh.opt, BASE_ALLOCATION_ID, BASE_ALLOCATION);
+                    }
+                    if set {
+                        meta = Some((export, hit));
+                    }
+                    wire::put_opt_reply(&mut out, oh.opt, REP_ACK, &[]);
+                }
+            }
+            Opt::ExportName(name) => {
+                let Some(export) = server.find(&name) else {
+                    return Err(Fatal(format!("EXPORT_NAME: no export {name:?}")).into());
+                };
+                let info = export.dev.info();
+                let tflags = wire::transmission_flags(&info, export.read_only);
+                wire::put_export_name_reply(&mut out, info.size, tflags, cf.no_zeroes);
+                wr.write_all(&out).await?;
+                wr.flush().await?;
+                let session = server.session(&info, tflags, structured, &meta, &name);
+                return Ok(Some(Negotiated { export, session }));
+            }
+            Opt::Info { go, name, requests } => {
+                let Some(export) = server.find(&name) else {
+                    wire::put_opt_reply(&mut out, oh.opt, REP_ERR_UNKNOWN, b"no such export");
+                    wr.write_all(&out).await?;
+                    continue;
+                };
+                let info = export.dev.info();
+                let tflags = wire::transmission_flags(&info, export.read_only);
+                wire::put_info_export(&mut out, oh.opt, info.size, tflags);
+                if requests.contains(&INFO_NAME) {
+                    wire::put_info_string(&mut out, oh.opt, INFO_NAME, &export.name);
+                }
+                if requests.contains(&INFO_DESCRIPTION) {
+                    wire::put_info_string(&mut out, oh.opt, INFO_DESCRIPTION, &export.description);
+                }
+                // Sent whether asked or not, as the spec allows.
+                let (min, pref, max) = server.block_sizes(&info);
+                wire::put_info_block_size(&mut out, oh.opt, min, pref, max);
+                wire::put_opt_reply(&mut out, oh.opt, REP_ACK, &[]);
+                if go {
+                    wr.write_all(&out).await?;
+                    wr.flush().await?;
+                    let session = server.session(&info, tflags, structured, &meta, &name);
+                    return Ok(Some(Negotiated { export, session }));
+                }
+            }
+            Opt::Unsupported(o) => {
+                wire::put_opt_reply(&mut out, o, REP_ERR_UNSUP, b"option not supported");
+            }
+        }
+        wr.write_all(&out).await?;
+        wr.flush().await?;
+    }
+}
+
+/// A completed request on its way to the writer.
+struct Done {
+    cookie: u64,
+    /// READ: offset of the data; BLOCK_STATUS: requested length.
+    offset: u64,
+    len: u32,
+    kind: u16,
+    req_one: bool,
+    result: Completion,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Polls a future once with a no-op waker: `Some` if already complete.
+fn poll_once(f: &mut IoFuture) -> Option<Completion> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match Pin::new(f).poll(&mut cx) {
+        Poll::Ready(c) => Some(c),
+        Poll::Pending => None,
+    }
+}
+
+async fn transmission<R, W>(
+    server: Arc<Server>,
+    neg: Negotiated,
+    mut rd: BufReader<R>,
+    wr: W,
+    peer: String,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let s = neg.session;
+    let dev = neg.export.dev.clone();
+    let (tx, rx) = mpsc::unbounded_channel::<Done>();
+    let writer = tokio::spawn(writer(wr, rx, s.structured, peer.clone()));
+    let cap = server
+        .cfg
+        .inflight_bytes
+        .max(s.max_request as u64 + REQUEST_COST as u64);
+    let cap = cap.min(Semaphore::MAX_PERMITS as u64) as usize;
+    let sem = Arc::new(Semaphore::new(cap));
+    let mut hb = [0u8; REQUEST_LEN];
+    loop {
+        // Only wait on shutdown when the next header is not buffered yet.
+        let r = if rd.buffer().len() >= REQUEST_LEN {
+            rd.read_exact(&mut hb).await
+        } else {
+            tokio::select! {
+                r = rd.read_exact(&mut hb) => r,
+                _ = super::stopped(&mut shutdown) => {
+                    tracing::debug!(%peer, "shutdown: no more requests read");
+                    break;
+                }
+            }
+        };
+        if let Err(e) = r {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof && rd.buffer().is_empty() {
+                tracing::info!(%peer, "client disconnected without NBD_CMD_DISC");
+            } else {
+                tracing::info!(%peer, "connection read failed: {e}");
+            }
+            break;
+        }
+        let h = match wire::parse_request(&hb) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::info!(%peer, "protocol error, closing: {e}");
+                break;
+            }
+        };
+        let action = wire::decode_request(&h, &s);
+        let payload = match &action {
+            Action::Write { len, .. } => *len,
+            Action::Submit(Request::Read { len, .. }) => *len,
+            _ => 0,
+        };
+        let cost = (REQUEST_COST as usize + payload as usize).min(cap) as u32;
+        let permit = match sem.clone().try_acquire_many_owned(cost) {
+            Ok(p) => p,
+            Err(_) => match sem.clone().acquire_many_owned(cost).await {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let mut done = Done {
+            cookie: h.cookie,
+            offset: h.offset,
+            len: h.len,
+            kind: h.cmd,
+            req_one: h.flags & CMD_FLAG_REQ_ONE != 0,
+            result: Ok(Reply::Done(0)),
+            _permit: Some(permit),
+        };
+        let req = match action {
+            Action::Disconnect => {
+                tracing::debug!(%peer, "NBD_CMD_DISC");
+                break;
+            }
+            Action::Reject { errno, skip } => {
+                if skip > 0 {
+                    let n =
+                        tokio::io::copy(&mut (&mut rd).take(skip as u64), &mut tokio::io::sink())
+                            .await;
+                    if !matches!(n, Ok(k) if k == skip as u64) {
+                        tracing::info!(%peer, "client left inside a rejected write payload");
+                        break;
+                    }
+                }
+                tracing::debug!(%peer, cmd = cmd_name(h.cmd), offset = h.offset, len = h.len, "rejected: {errno:?}");
+                done.result = Err(errno);
+                let _ = tx.send(done);
+                continue;
+            }
+            Action::Write { offset, len, flags } => {
+                let mut buf = BytesMut::with_capacity(len as usize);
+                let mut t = (&mut rd).take(len as u64);
+                let mut ok = true;
+                while buf.len() < len as usize {
+                    match t.read_buf(&mut buf).await {
+                        Ok(0) | Err(_) => {
+                            ok = false;
+                            break;
+                        }
+                        Ok(_) => {}
+                    }
+                }
+                if !ok {
+                    tracing::info!(%peer, "client left inside a write payload");
+                    break;
+                }
+                Request::Write {
+                    offset,
+                    data: buf.freeze(),
+                    flags,
+                }
+            }
+            Action::Submit(r) => r,
+        };
+        let mut fut = dev.submit(req);
+        match poll_once(&mut fut) {
+            Some(c) => {
+                done.result = c;
+                let _ = tx.send(done);
+            }
+            None => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    done.result = fut.await;
+                    let _ = tx.send(done);
+                });
+            }
+        }
+    }
+    drop(tx);
+    // The writer ends once every in-flight request has been answered.
+    let _ = writer.await;
+}
+
+/// Encodes one reply into `out`; returns large read data to be written
+/// after `out` instead of copied into it.
+fn encode(out: &mut BytesMut, d: Done, structured: bool) -> Option<Bytes> {
+    match d.result {
+        Ok(Reply::Data(data)) if d.kind == CMD_READ => {
+            // A device returning the wrong length would corrupt the stream.
+            if data.len() != d.len as usize {
+                encode_error(out, d.cookie, Errno::EIO, structured, true);
+                return None;
+            }
+            if structured {
+                wire::put_offset_data_header(out, d.cookie, d.offset, d.len);
+            } else {
+                wire::put_simple_reply(out, d.cookie, 0);
+            }
+            if data.len() <= COPY_LIMIT {
+                out.extend_from_slice(&data);
+                None
+            } else {
+                Some(data)
+            }
+        }
+        Ok(Reply::Extents(ext)) if d.kind == CMD_BLOCK_STATUS => {
+            wire::put_block_status(out, d.cookie, BASE_ALLOCATION_ID, &ext, d.len, d.req_one);
+            None
+        }
+        Ok(_) if d.kind == CMD_BLOCK_STATUS => {
+            // A device without block status: everything is data.
+            wire::put_block_status(out, d.cookie, BASE_ALLOCATION_ID, &[], d.len, d.req_one);
+            None
+        }
+        Ok(_) if d.kind == CMD_READ => {
+            encode_error(out, d.cookie, Errno::EIO, structured, true);
+            None
+        }
+        Ok(_) => {
+            wire::put_simple_reply(out, d.cookie, 0);
+            None
+        }
+        Err(e) => {
+            let chunk = d.kind == CMD_READ || d.kind == CMD_BLOCK_STATUS;
+            encode_error(out, d.cookie, e, structured, chunk);
+            None
+        }
+    }
+}
+
+fn encode_error(out: &mut BytesMut, cookie: u64, e: Errno, structured: bool, chunk: bool) {
+    if structured && chunk {
+        wire::put_error_chunk(out, cookie, wire::nbd_errno(e), "");
+    } else {
+        wire::put_simple_reply(out, cookie, wire::nbd_errno(e));
+    }
+}
+
+async fn writer<W: AsyncWrite + Unpin>(
+    mut wr: W,
+    mut rx: mpsc::UnboundedReceiver<Done>,
+    structured: bool,
+    peer: String,
+) {
+    let mut out = BytesMut::with_capacity(BATCH_LIMIT + COPY_LIMIT + 64);
+    let mut failed = false;
+    while let Some(d) = rx.recv().await {
+        if failed {
+            continue;
+        }
+        let mut next = Some(d);
+        let mut res = Ok(());
+        while let Some(d) = next.take() {
+            if let Some(big) = encode(&mut out, d, structured) {
+                res = write_two(&mut wr, &mut out, &big).await;
+                if res.is_err() {
+                    break;
+                }
+            }
+            if out.len() >= BATCH_LIMIT {
+                res = wr.write_all(&out).await;
+                out.clear();
+                if res.is_err() {
+                    break;
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+        if res.is_ok() && !out.is_empty() {
+            res = wr.write_all(&out).await;
+        }
+        out.clear();
+        if res.is_ok() {
+            res = wr.flush().await;
+        }
+        if let Err(e) = res {
+            tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
+            failed = true;
+        }
+    }
+    if !failed {
+        let _ = wr.shutdown().await;
+    }
+}
+
+async fn write_two<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    out: &mut BytesMut,
+    big: &[u8],
+) -> std::io::Result<()> {
+    if !out.is_empty() {
+        wr.write_all(out).await?;
+        out.clear();
+    }
+    wr.write_all(big).await
+}
