@@ -9,7 +9,6 @@ pub mod backend;
 pub mod block;
 pub mod cli;
 pub mod config;
-pub mod fuse;
 pub mod nbd;
 pub mod stage;
 pub mod util;
