@@ -339,9 +339,12 @@ async fn transmission<R, W>(
         let cost = (REQUEST_COST as usize + payload as usize).min(cap) as u32;
         let permit = match sem.clone().try_acquire_many_owned(cost) {
             Ok(p) => p,
-            Err(_) => match sem.clone().acquire_many_owned(cost).await {
-                Ok(p) => p,
-                Err(_) => break,
+            Err(_) => tokio::select! {
+                p = sem.clone().acquire_many_owned(cost) => match p {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                _ = super::stopped(&mut shutdown) => break,
             },
         };
         let mut done = Done {
