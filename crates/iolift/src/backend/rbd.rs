@@ -47,6 +47,7 @@ struct Api {
     rados_conf_read_file: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
     rados_conf_parse_env: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
     rados_conf_set: unsafe extern "C" fn(RadosT, *const c_char, *const c_char) -> c_int,
+    rados_conf_get: unsafe extern "C" fn(RadosT, *const c_char, *mut c_char, usize) -> c_int,
     rados_connect: unsafe extern "C" fn(RadosT) -> c_int,
     rados_shutdown: unsafe extern "C" fn(RadosT),
     rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
@@ -123,6 +124,7 @@ fn load_api() -> Result<Api, String> {
         rados_conf_read_file: sym!(rados, rados_name, rados_conf_read_file),
         rados_conf_parse_env: sym!(rados, rados_name, rados_conf_parse_env),
         rados_conf_set: sym!(rados, rados_name, rados_conf_set),
+        rados_conf_get: sym!(rados, rados_name, rados_conf_get),
         rados_connect: sym!(rados, rados_name, rados_connect),
         rados_shutdown: sym!(rados, rados_name, rados_shutdown),
         rados_ioctx_create: sym!(rados, rados_name, rados_ioctx_create),
@@ -330,6 +332,25 @@ impl RbdDev {
             }
             set("keyring", k)?;
         }
+        // Without monitors librados would try DNS SRV records and print to
+        // stderr: say what is missing instead.
+        let mut mon = [0u8; 512];
+        let key = cstr("option", "mon_host")?;
+        // SAFETY: valid handle; the buffer's length is passed.
+        let r = unsafe {
+            (api.rados_conf_get)(
+                h.cluster,
+                key.as_ptr(),
+                mon.as_mut_ptr() as *mut c_char,
+                mon.len(),
+            )
+        };
+        if r == 0 && mon[0] == 0 {
+            bail!(
+                "rbd backend: no monitors configured (no \"mon host\" in {})",
+                conf.as_deref().unwrap_or("the default Ceph config")
+            );
+        }
         // SAFETY: configured handle; blocks at most client_mount_timeout.
         let r = unsafe { (api.rados_connect)(h.cluster) };
         if r < 0 {
@@ -339,6 +360,8 @@ impl RbdDev {
                     spec.timeout_s,
                     conf.as_deref().unwrap_or("the default config")
                 )
+            } else if r == -libc::ENOENT {
+                " (no keyring found for this client: give keyring=PATH, or auth none)".to_string()
             } else if r == -libc::EACCES || r == -libc::EPERM {
                 " (authentication failed: check id= and keyring=)".to_string()
             } else {
