@@ -275,8 +275,9 @@ fn rbd_backend_errors() {
         Duration::from_secs(5),
     );
 
-    // Against a live cluster: missing pool and missing image.
-    let cl = Cluster::start("16M", &[]);
+    // Against a live cluster with cephx: missing pool, missing image, wrong
+    // key; id= and keyring= reach librados.
+    let cl = Cluster::start("16M", &[("CEPH_LOCAL_AUTH", "cephx")]);
     let conf = cl.conf.display().to_string();
     serve_fails(
         &format!("rbd:nopool/img,conf={conf}"),
@@ -290,5 +291,36 @@ fn rbd_backend_errors() {
         "image rbd/noimage does not exist",
         Duration::from_secs(15),
     );
-    // Wrong credentials with cephx are covered by the cephx cluster in rbd_nbd.
+    let wrong = d.path().join("wrong.keyring");
+    let mut c = Command::new("ceph-authtool");
+    c.arg("--create-keyring")
+        .arg(&wrong)
+        .args(["--gen-key", "-n", "client.admin"]);
+    assert!(
+        run_limited(&mut c, Duration::from_secs(20)).0,
+        "ceph-authtool"
+    );
+    serve_fails(
+        &format!(
+            "rbd:rbd/img,conf={conf},keyring={},timeout=5",
+            wrong.display()
+        ),
+        &[],
+        "authentication failed",
+        Duration::from_secs(15),
+    );
+    serve_fails(
+        &format!("rbd:rbd/img,conf={conf},id=nobody,timeout=5"),
+        &[],
+        "cannot connect",
+        Duration::from_secs(15),
+    );
+    let right = d.path().join("admin.keyring");
+    std::fs::copy(cl.cdir().join("keyring"), &right).unwrap();
+    let dev = iolift::backend::open(&format!(
+        "rbd:rbd/img,conf={conf},id=admin,keyring={}",
+        right.display()
+    ))
+    .expect("open with id= and keyring=");
+    assert_eq!(dev.info().size, 16 << 20);
 }
