@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod block;
 pub mod cli;
+pub mod fuse;
 pub mod config;
 pub mod nbd;
 pub mod stage;

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod attach;
 pub mod serve;
 
 #[derive(Parser, Debug)]
@@ -23,6 +24,11 @@ pub struct Cli {
 pub enum Cmd {
     /// Serve block devices over NBD (unix socket and/or TCP).
     Serve(serve::ServeArgs),
+    /// Attach a device as a kernel block device (/dev/loopN) through a
+    /// FUSE file and a loop device (root; no nbd module needed).
+    Attach(attach::AttachArgs),
+    /// Undo `attach`: unbind the loop device, flush, unmount, stop the server.
+    Detach(attach::DetachArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -35,6 +41,8 @@ pub fn main() -> ExitCode {
         .init();
     let r = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Attach(a) => attach::run_attach(a),
+        Cmd::Detach(a) => attach::run_detach(a),
     };
     match r {
         Ok(code) => code,

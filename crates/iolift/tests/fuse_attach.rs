@@ -1,0 +1,504 @@
+//! `iolift attach` end to end on the real kernel: FUSE file + loop device
+//! (direct I/O) + ext4. Needs root (mount(2), losetup); CI runs as root.
+//!
+//! Every test cleans up its mounts, loop devices and server through Drop
+//! guards, also when it fails half-way.
+
+mod common;
+use common::*;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(
+        uid, 0,
+        "the FUSE/loop tests need root (mount(2), losetup): run the suite as root (CI does)"
+    );
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: the FUSE tests need a kernel with FUSE"
+    );
+}
+
+/// A running `iolift attach` (foreground). Drop: SIGTERM, wait, then clean
+/// up whatever is left (loop device, FUSE mount) with `iolift detach` and,
+/// failing that, by hand.
+struct Attached {
+    child: Option<Child>,
+    /// /dev/loopN, or the FUSE file with --no-loop.
+    dev: PathBuf,
+    file: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Attached {
+    fn start(dir: &Path, backend: &str, extra: &[&str]) -> Attached {
+        let file = dir.join("fuse").join("disk.img");
+        let stderr = dir.join(format!("attach-{}.log", rand_tag()));
+        let mut c = Command::new(iolift_bin());
+        c.arg("attach")
+            .arg("--file")
+            .arg(&file)
+            .args(extra)
+            .arg(backend)
+            .env("IOLIFT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&stderr).unwrap());
+        let mut child = c.spawn().expect("spawn iolift attach");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let mut a = Attached {
+            child: Some(child),
+            dev: PathBuf::new(),
+            file: file.clone(),
+            stderr,
+        };
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(line) if !line.trim().is_empty() => a.dev = PathBuf::from(line.trim()),
+            _ => panic!("iolift attach did not print its device\n{}", a.log()),
+        }
+        a
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `iolift detach DEV`; asserts it succeeds and the server exits 0.
+    fn detach(&mut self) {
+        run_ok(Command::new(iolift_bin()).arg("detach").arg(&self.dev));
+        if let Some(mut c) = self.child.take() {
+            let st = wait_child(&mut c, STOP_TIMEOUT).expect("server exit after detach");
+            assert!(st.success(), "server exit {st}\n{}", self.log());
+        }
+        assert!(
+            !is_mounted(self.file.parent().unwrap()),
+            "FUSE mount left after detach"
+        );
+    }
+}
+
+fn rand_tag() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn wait_child(c: &mut Child, t: Duration) -> Option<std::process::ExitStatus> {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
+        if t0.elapsed() > t {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            if wait_child(&mut c, STOP_TIMEOUT).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if self.dev.starts_with("/dev") {
+            let _ = Command::new("losetup")
+                .arg("-d")
+                .arg(&self.dev)
+                .stderr(Stdio::null())
+                .status();
+        }
+        let dir = self.file.parent().unwrap();
+        if is_mounted(dir) {
+            let _ = Command::new(iolift_bin())
+                .arg("detach")
+                .arg(dir)
+                .stderr(Stdio::null())
+                .status();
+        }
+        if is_mounted(dir) {
+            let _ = Command::new("umount").arg("-l").arg(dir).status();
+        }
+    }
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let Ok(d) = dir.canonicalize() else {
+        return false;
+    };
+    let m = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    m.lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(d.to_str().unwrap_or("")))
+}
+
+/// An ext4 mount of a loop device; lazily unmounted on drop.
+struct FsMount {
+    dir: PathBuf,
+    mounted: bool,
+}
+
+impl FsMount {
+    fn mount(dev: &Path, dir: &Path) -> FsMount {
+        fs::create_dir_all(dir).unwrap();
+        run_ok(cmd("mount").arg(dev).arg(dir));
+        FsMount {
+            dir: dir.to_path_buf(),
+            mounted: true,
+        }
+    }
+    fn umount(&mut self) {
+        if self.mounted {
+            run_ok(cmd("umount").arg(&self.dir));
+            self.mounted = false;
+        }
+    }
+}
+
+impl Drop for FsMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg(&self.dir).status();
+            if is_mounted(&self.dir) {
+                let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+            }
+        }
+    }
+}
+
+fn mkfs(dev: &Path) {
+    run_ok(
+        cmd("mkfs.ext4")
+            .args(["-F", "-q", "-E", "nodiscard"])
+            .arg(dev),
+    );
+}
+
+fn fsck_clean(dev: &Path) {
+    let o = run_timeout(cmd("e2fsck").args(["-f", "-n"]).arg(dev), CMD_TIMEOUT);
+    assert!(
+        o.status.success(),
+        "e2fsck -fn {} not clean:\n{}",
+        dev.display(),
+        o.all()
+    );
+}
+
+/// Writes files of assorted sizes (and one in a subdirectory) and returns
+/// name -> sha256.
+fn write_files(root: &Path, seed: u64) -> BTreeMap<String, String> {
+    let mut sums = BTreeMap::new();
+    fs::create_dir_all(root.join("sub")).unwrap();
+    for (i, len) in [1usize, 4096, 65537, 1 << 20, 3 << 20, 777_777]
+        .iter()
+        .enumerate()
+    {
+        let name = if i % 2 == 0 {
+            format!("f{seed}_{i}")
+        } else {
+            format!("sub/f{seed}_{i}")
+        };
+        let p = root.join(&name);
+        write_random_file(&p, *len, seed * 100 + i as u64);
+        sums.insert(name, sha256_file(&p));
+    }
+    sums
+}
+
+fn verify_files(root: &Path, sums: &BTreeMap<String, String>) {
+    for (name, want) in sums {
+        let p = root.join(name);
+        assert!(p.exists(), "{} missing", p.display());
+        assert_eq!(&sha256_file(&p), want, "{} changed", p.display());
+    }
+}
+
+fn sync() {
+    run_ok(&mut Command::new("sync"));
+}
+
+/// Allocated bytes of a (sparse) file.
+fn allocated(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().blocks() * 512
+}
+
+#[test]
+fn fuse_attach_ext4_roundtrip() {
+    require_root();
+    let _h = heavy();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Attached::start(tmp.path(), "memory:256M", &[]);
+    assert!(
+        a.dev.to_string_lossy().starts_with("/dev/loop"),
+        "attach printed {:?}",
+        a.dev
+    );
+    let name = a.dev.file_name().unwrap().to_string_lossy().to_string();
+    let dio = fs::read_to_string(format!("/sys/block/{name}/loop/dio")).unwrap();
+    assert_eq!(dio.trim(), "1", "loop device without direct I/O");
+    assert_eq!(
+        fs::metadata(&a.file).unwrap().len(),
+        256 << 20,
+        "FUSE file size != device size"
+    );
+
+    mkfs(&a.dev);
+    let mnt = tmp.path().join("mnt");
+    let mut m = FsMount::mount(&a.dev, &mnt);
+    let sums = write_files(&mnt, 1);
+    sync();
+    m.umount();
+    fsck_clean(&a.dev);
+    let mut m = FsMount::mount(&a.dev, &mnt);
+    verify_files(&mnt, &sums);
+    // Detach refuses while the file system is mounted.
+    let o = run_fail(Command::new(iolift_bin()).arg("detach").arg(&a.dev));
+    assert!(o.all().contains("in use"), "{}", o.all());
+    m.umount();
+    fsck_clean(&a.dev);
+    a.detach();
+    let log = a.log();
+    assert!(!log.contains("ERROR"), "server log has errors:\n{log}");
+}
+
+#[test]
+fn fuse_fstrim_reaches_file_backend() {
+    require_root();
+    let _h = heavy();
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("backend.img");
+    let a = Attached::start(
+        tmp.path(),
+        &format!("file:{},size=256M", img.display()),
+        &[],
+    );
+    mkfs(&a.dev);
+    let mnt = tmp.path().join("mnt");
+    let mut m = FsMount::mount(&a.dev, &mnt);
+    write_random_file(&mnt.join("big"), 48 << 20, 7);
+    sync();
+    let before = allocated(&img);
+    assert!(
+        before >= 48 << 20,
+        "backend holds only {before} bytes after writing 48 MiB"
+    );
+    fs::remove_file(mnt.join("big")).unwrap();
+    sync();
+    run_ok(cmd("fstrim").arg(&mnt));
+    sync();
+    let after = allocated(&img);
+    assert!(
+        after + (40 << 20) <= before,
+        "fstrim did not reach the backend: allocated {before} -> {after} bytes"
+    );
+    m.umount();
+    fsck_clean(&a.dev);
+}
+
+#[test]
+fn fuse_kill9_then_reattach_keeps_synced_files() {
+    require_root();
+    let _h = heavy();
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("backend.img");
+    let backend = format!("file:{},size=256M", img.display());
+    let mnt = tmp.path().join("mnt");
+    let sums;
+    {
+        let mut a = Attached::start(tmp.path(), &backend, &[]);
+        mkfs(&a.dev);
+        let mut m = FsMount::mount(&a.dev, &mnt);
+        let mut s = write_files(&mnt, 3);
+        s.extend(write_files(&mnt, 4));
+        sums = s;
+        sync();
+        // Unsynced writes in flight when the server dies.
+        let mut w = Command::new("dd")
+            .arg("if=/dev/urandom")
+            .arg(format!("of={}", mnt.join("inflight").display()))
+            .args(["bs=1M", "count=120", "oflag=direct"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        let pid = a.pid();
+        assert!(pid > 0);
+        a.kill9();
+        let _ = wait_child(&mut w, Duration::from_secs(60)).or_else(|| {
+            let _ = w.kill();
+            w.wait().ok()
+        });
+        // The file system sees I/O errors now; unmount it, then let detach
+        // clean up the loop device and the dead FUSE mount.
+        let _ = Command::new("umount").arg(&mnt).status();
+        if is_mounted(&mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+        }
+        m.mounted = false;
+        run_ok(Command::new(iolift_bin()).arg("detach").arg(&a.dev));
+        assert!(
+            !is_mounted(a.file.parent().unwrap()),
+            "dead FUSE mount left"
+        );
+    }
+    let a = Attached::start(tmp.path(), &backend, &[]);
+    // Journal replay by the kernel, then a full check must be clean.
+    let mut m = FsMount::mount(&a.dev, &mnt);
+    m.umount();
+    fsck_clean(&a.dev);
+    let _m = FsMount::mount(&a.dev, &mnt);
+    verify_files(&mnt, &sums);
+}
+
+/// The FUSE file alone (--no-loop): direct I/O, size, no truncation,
+/// fallocate punch/zero reaching the backend.
+#[test]
+fn fuse_file_ops_without_loop() {
+    require_root();
+    let _h = heavy();
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("backend.img");
+    let a = Attached::start(
+        tmp.path(),
+        &format!("file:{},size=64M", img.display()),
+        &["--no-loop"],
+    );
+    assert_eq!(a.dev, a.file.canonicalize().unwrap());
+    let f = &a.file;
+    assert_eq!(fs::metadata(f).unwrap().len(), 64 << 20);
+    // Direct-I/O write through the FUSE file lands in the backend file.
+    let src = tmp.path().join("src");
+    write_random_file(&src, 8 << 20, 11);
+    run_ok(
+        cmd("dd")
+            .arg(format!("if={}", src.display()))
+            .arg(format!("of={}", f.display()))
+            .args([
+                "bs=1M",
+                "seek=4",
+                "oflag=direct",
+                "conv=notrunc,fsync",
+                "status=none",
+            ]),
+    );
+    let back = fs::read(&img).unwrap();
+    let want = fs::read(&src).unwrap();
+    assert!(back[4 << 20..12 << 20] == want[..], "backend file differs");
+    let copy = tmp.path().join("copy");
+    run_ok(
+        cmd("dd")
+            .arg(format!("if={}", f.display()))
+            .arg(format!("of={}", copy.display()))
+            .args(["bs=1M", "skip=4", "count=8", "iflag=direct", "status=none"]),
+    );
+    assert_eq!(sha256_file(&copy), sha256_file(&src));
+    // Writing past the end fails; truncation is refused.
+    let o = run_fail(
+        cmd("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", f.display()))
+            .args([
+                "bs=1M",
+                "seek=64",
+                "count=1",
+                "oflag=direct",
+                "conv=notrunc",
+                "status=none",
+            ]),
+    );
+    assert!(o.all().contains("space"), "{}", o.all());
+    run_fail(cmd("truncate").args(["-s", "1M"]).arg(f));
+    assert_eq!(fs::metadata(f).unwrap().len(), 64 << 20);
+    // Punch a hole: TRIM reaches the file backend.
+    let before = allocated(&img);
+    run_ok(cmd("fallocate").args(["-p", "-o", "4M", "-l", "4M"]).arg(f));
+    let after = allocated(&img);
+    assert!(
+        after + (4 << 20) <= before,
+        "punch hole did not reach the backend: {before} -> {after}"
+    );
+    // Zero range: WRITE_ZEROES.
+    run_ok(cmd("fallocate").args(["-z", "-o", "8M", "-l", "1M"]).arg(f));
+    let back = fs::read(&img).unwrap();
+    assert!(
+        back[4 << 20..9 << 20].iter().all(|b| *b == 0),
+        "range not zeroed"
+    );
+    assert!(
+        back[9 << 20..12 << 20] == want[5 << 20..],
+        "data beyond the zeroed range changed"
+    );
+    // fsync works.
+    run_ok(
+        cmd("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", f.display()))
+            .args([
+                "bs=4k",
+                "count=1",
+                "oflag=direct,dsync",
+                "conv=notrunc,fsync",
+                "status=none",
+            ]),
+    );
+}
+
+#[test]
+fn fuse_attach_errors_are_clear() {
+    require_root();
+    // Not root: one clear line, no panic.
+    let o = run_fail(
+        cmd("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(iolift_bin())
+            .args(["attach", "memory:1M"]),
+    );
+    assert!(o.stderr.contains("root"), "{}", o.all());
+    assert!(!o.stderr.contains("panicked"), "{}", o.all());
+    // Bad backend.
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run_fail(
+        Command::new(iolift_bin())
+            .arg("attach")
+            .arg("--file")
+            .arg(tmp.path().join("m/disk.img"))
+            .arg("bogus:1M"),
+    );
+    assert!(o.stderr.contains("unknown backend"), "{}", o.all());
+    assert!(!is_mounted(&tmp.path().join("m")));
+    // Detach of something that is not ours.
+    let o = run_fail(Command::new(iolift_bin()).args(["detach", "/etc/hostname"]));
+    assert!(o.stderr.contains("neither"), "{}", o.all());
+}
