@@ -62,6 +62,11 @@ pub struct ServeArgs {
     /// Tokio worker threads [default: 2].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Also show an export as one regular file on a FUSE mount (its parent
+    /// dir, created if missing), for a loop device: `--fuse FILE` (the
+    /// default export) or `--fuse NAME=FILE` (repeatable; root). See docs/fuse.md.
+    #[arg(long = "fuse", value_name = "[NAME=]FILE")]
+    pub fuse: Vec<String>,
     // Further front-end flags (--fuse FILE, --metrics ADDR) go here; they
     // are started in `serve_async` next to the NBD listeners.
 }
@@ -86,6 +91,8 @@ pub struct Settings {
     pub max_request: u32,
     pub threads: usize,
     pub pidfile: Option<PathBuf>,
+    /// `--fuse [NAME=]FILE` specs.
+    pub fuse: Vec<String>,
 }
 
 /// Parses `HOST:PORT`, `HOST` or `:PORT` (IPv6 as `[::1]:PORT`).
@@ -236,6 +243,7 @@ pub fn settings_from(a: &ServeArgs, cfg: &Config) -> Result<Settings> {
         max_request,
         threads,
         pidfile: a.pidfile.clone(),
+        fuse: a.fuse.clone(),
     })
 }
 
@@ -410,6 +418,25 @@ async fn serve_async(s: Settings) -> Result<ExitCode> {
         .map(|e| (e.name.clone(), e.dev.clone()))
         .collect();
     // Other front-ends (--fuse, --metrics) start here on `exports`.
+    let fuse_exports: Vec<_> = exports
+        .iter()
+        .map(|e| (e.name.clone(), e.dev.clone(), e.read_only))
+        .collect();
+    let fuse_mounts = match crate::fuse::mount_exports(
+        &s.fuse,
+        &fuse_exports,
+        s.default_export.as_deref(),
+        tokio::runtime::Handle::current(),
+    ) {
+        Ok(m) => m,
+        Err(e) => {
+            remove_sockets(&listeners);
+            if let Some(p) = &s.pidfile {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+    };
     let server = Arc::new(Server::new(
         exports,
         s.default_export.clone(),
@@ -425,6 +452,8 @@ async fn serve_async(s: Settings) -> Result<ExitCode> {
         let _ = sd_tx.send(true);
     });
     nbd::run(server, listeners, sd_rx, Duration::from_secs(10)).await;
+    // Unmount FUSE files (no new requests), then flush every export.
+    tokio::task::block_in_place(|| drop(fuse_mounts));
     let mut code = ExitCode::SUCCESS;
     for (name, dev) in devs {
         match tokio::time::timeout(Duration::from_secs(30), dev.close()).await {

@@ -291,6 +291,73 @@ pub fn mount(
     Ok(m)
 }
 
+/// Which export a `--fuse [NAME=]FILE` spec names, and the file.
+///
+/// `FILE` alone names the default export: the one called `default` (else
+/// `""`), or the only export. `NAME=FILE` is taken as a name only when
+/// NAME is an export, so file names may contain `=`.
+pub fn parse_fuse_spec<'a>(
+    spec: &str,
+    names: &'a [String],
+    default: Option<&'a str>,
+) -> Result<(&'a str, PathBuf)> {
+    if spec.is_empty() {
+        bail!("--fuse: empty FILE");
+    }
+    if let Some((n, f)) = spec.split_once('=') {
+        if let Some(name) = names.iter().find(|x| x.as_str() == n) {
+            if f.is_empty() {
+                bail!("--fuse {spec}: empty FILE");
+            }
+            return Ok((name.as_str(), PathBuf::from(f)));
+        }
+    }
+    let name = match default {
+        Some(d) if names.iter().any(|x| x == d) => d,
+        _ => match names.iter().find(|x| x.is_empty()) {
+            Some(n) => n.as_str(),
+            None if names.len() == 1 => names[0].as_str(),
+            None => bail!("--fuse {spec}: no default export among {names:?}; use --fuse NAME=FILE"),
+        },
+    };
+    Ok((name, PathBuf::from(spec)))
+}
+
+/// Mounts every `--fuse [NAME=]FILE` of `iolift serve`; `exports` are
+/// `(name, device, read_only)`. Locks the process memory first (the file
+/// is meant to back a loop device on this host).
+pub fn mount_exports(
+    specs: &[String],
+    exports: &[(String, DevRef, bool)],
+    default: Option<&str>,
+    rt: tokio::runtime::Handle,
+) -> Result<Vec<FuseMount>> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    // SAFETY: mlockall takes flags only.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
+        tracing::warn!(
+            "mlockall failed ({}): a loop device on the FUSE file may deadlock under memory pressure",
+            std::io::Error::last_os_error()
+        );
+    }
+    let names: Vec<String> = exports.iter().map(|e| e.0.clone()).collect();
+    let mut out = Vec::new();
+    for spec in specs {
+        let (name, file) = parse_fuse_spec(spec, &names, default)?;
+        let (_, dev, ro) = exports.iter().find(|e| e.0 == name).unwrap();
+        let opts = FuseOptions {
+            read_only: *ro,
+            ..FuseOptions::default()
+        };
+        let m = mount(dev.clone(), &file, rt.clone(), &opts)
+            .with_context(|| format!("--fuse {spec} (export {name:?})"))?;
+        out.push(m);
+    }
+    Ok(out)
+}
+
 /// The filesystem: a root directory holding one file backed by `dev`.
 struct BlockFile {
     dev: DevRef,
@@ -701,5 +768,30 @@ impl Filesystem for BlockFile {
         reply: ReplyEmpty,
     ) {
         reply.ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuse_specs() {
+        let names: Vec<String> = vec!["".into(), "a".into()];
+        let (n, f) = parse_fuse_spec("/x/d.img", &names, None).unwrap();
+        assert_eq!((n, f), ("", PathBuf::from("/x/d.img")));
+        let (n, f) = parse_fuse_spec("a=/x/a.img", &names, None).unwrap();
+        assert_eq!((n, f), ("a", PathBuf::from("/x/a.img")));
+        // Not an export name: the whole spec is the file.
+        let (n, f) = parse_fuse_spec("b=/x/a.img", &names, None).unwrap();
+        assert_eq!((n, f), ("", PathBuf::from("b=/x/a.img")));
+        let (n, _) = parse_fuse_spec("/x/d.img", &names, Some("a")).unwrap();
+        assert_eq!(n, "a");
+        let two: Vec<String> = vec!["a".into(), "b".into()];
+        assert!(parse_fuse_spec("/x/d.img", &two, None).is_err());
+        let one: Vec<String> = vec!["a".into()];
+        assert_eq!(parse_fuse_spec("/x/d.img", &one, None).unwrap().0, "a");
+        assert!(parse_fuse_spec("", &one, None).is_err());
+        assert!(parse_fuse_spec("a=", &one, None).is_err());
     }
 }
