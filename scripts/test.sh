@@ -26,6 +26,8 @@ PACKAGES=(
     ceph-common     # ceph, rados, rbd CLIs
     librbd1         # loaded at run time by the rbd backend
     qemu-block-extra  # qemu-img/qemu-nbd rbd:pool/image driver
+    e2fsprogs       # mkfs.ext4, e2fsck (tests/fuse_attach)
+    fuse3           # fusermount3 for nbdfuse, the peer in bench/fuse.sh
 )
 # ---------------------------------------------------------------------------
 
