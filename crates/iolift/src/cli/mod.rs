@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod attach;
+pub mod crush;
 pub mod serve;
 
 #[derive(Parser, Debug)]
@@ -24,6 +25,8 @@ pub struct Cli {
 pub enum Cmd {
     /// Serve block devices over NBD (unix socket and/or TCP).
     Serve(serve::ServeArgs),
+    /// CRUSH placement: crushtool-compatible test, decompile, info, map-object.
+    Crush(crush::CrushArgs),
     /// Attach a device as a kernel block device (/dev/loopN) through a
     /// FUSE file and a loop device (root; no nbd module needed).
     Attach(attach::AttachArgs),
@@ -41,6 +44,7 @@ pub fn main() -> ExitCode {
         .init();
     let r = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
+        Cmd::Crush(a) => crush::run(a),
         Cmd::Attach(a) => attach::run_attach(a),
         Cmd::Detach(a) => attach::run_detach(a),
     };
