@@ -62,6 +62,10 @@ pub struct ServeArgs {
     /// Tokio worker threads [default: 2].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Serve the stats/cache/scheduler stages' counters in Prometheus text
+    /// format at http://ADDR/metrics, e.g. 127.0.0.1:9100.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// Also show an export as one regular file on a FUSE mount (its parent
     /// dir, created if missing), for a loop device: `--fuse FILE` (the
     /// default export) or `--fuse NAME=FILE` (repeatable; root). See docs/fuse.md.
@@ -93,6 +97,7 @@ pub struct Settings {
     pub pidfile: Option<PathBuf>,
     /// `--fuse [NAME=]FILE` specs.
     pub fuse: Vec<String>,
+    pub metrics: Option<String>,
 }
 
 /// Parses `HOST:PORT`, `HOST` or `:PORT` (IPv6 as `[::1]:PORT`).
@@ -244,6 +249,7 @@ pub fn settings_from(a: &ServeArgs, cfg: &Config) -> Result<Settings> {
         threads,
         pidfile: a.pidfile.clone(),
         fuse: a.fuse.clone(),
+        metrics: a.metrics.clone(),
     })
 }
 
@@ -403,6 +409,15 @@ async fn serve_async(s: Settings) -> Result<ExitCode> {
                     remove_sockets(&listeners);
                     return Err(e);
                 }
+            }
+        }
+    }
+    if let Some(m) = &s.metrics {
+        match crate::stage::metrics::spawn(m).await {
+            Ok(addr) => tracing::info!("metrics: http://{addr}/metrics"),
+            Err(e) => {
+                remove_sockets(&listeners);
+                return Err(e);
             }
         }
     }
