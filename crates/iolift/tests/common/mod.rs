@@ -694,6 +694,19 @@ pub fn run_fail(c: &mut Command) -> Out {
     o
 }
 
+/// `nbdsh` with PATH set so that its `python3` is one that has libnbd
+/// (nbdsh runs `python3 -mnbd`; a pyenv/venv python3 first on PATH lacks it).
+pub fn nbdsh() -> Command {
+    let py = python3_nbd();
+    let dir = py.parent().expect("python3 dir").to_path_buf();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let joined = std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&path)))
+        .expect("PATH");
+    let mut c = cmd("nbdsh");
+    c.env("PATH", joined);
+    c
+}
+
 /// Runs a `tests/python/NAME` script with a python3 that has libnbd; extra
 /// args follow. Asserts success and returns its output.
 pub fn run_python(name: &str, args: &[&str]) -> Out {
