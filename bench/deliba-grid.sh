@@ -17,6 +17,10 @@
 #   IOLIFT=path/to/iolift (default: cargo build --release, $CARGO_TARGET_DIR or target/)
 #   PEERS="iolift iolift+cs qemu-nbd fio-rbd"  BS="4k 128k"  RWS="read write randread randwrite"
 #   CEPH_DIR=dir for the cluster (default OUTDIR/ceph, on disk)
+#   RBD_CACHE=false   librbd's own cache for every peer (written to the cluster's [client]
+#                     conf; qemu-nbd gets --cache=none or --cache=writeback to match, since
+#                     qemu sets rbd_cache from its cache mode). false: each peer's latency is
+#                     a round trip to the OSDs, and "iolift+cs" is the only cached peer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,6 +29,8 @@ REPS=${REPS:-3}
 RUNTIME=${RUNTIME:-3}
 RAMP=${RAMP:-1}
 IMAGE_SIZE=${IMAGE_SIZE:-512M}
+RBD_CACHE=${RBD_CACHE:-false}
+case "$RBD_CACHE" in true) QEMU_CACHE=writeback ;; false) QEMU_CACHE=none ;; *) echo "RBD_CACHE must be true or false" >&2; exit 2 ;; esac
 PEERS=${PEERS:-"iolift iolift+cs qemu-nbd fio-rbd"}
 BS_LIST=${BS:-"4k 128k"}
 RW_LIST=${RWS:-"read write randread randwrite"}
@@ -73,7 +79,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 say "starting the Ceph cluster in $CEPH_DIR"
-CONF=$(CEPH_LOCAL_IMAGE_SIZE=$IMAGE_SIZE "$ROOT/scripts/ceph-local.sh" start "$CEPH_DIR" | tail -n 1)
+CONF=$(CEPH_LOCAL_IMAGE_SIZE=$IMAGE_SIZE CEPH_LOCAL_CLIENT_CONF="rbd cache = $RBD_CACHE" \
+  "$ROOT/scripts/ceph-local.sh" start "$CEPH_DIR" | tail -n 1)
 export CEPH_CONF=$CONF
 SPEC="rbd:rbd/img,conf=$CONF"
 
@@ -99,7 +106,7 @@ start_server() { # $1 = peer
   case "$1" in
     iolift) "$IOLIFT" serve --socket "$sock" "$SPEC" >"$log" 2>&1 & pid=$! ;;
     iolift+cs) "$IOLIFT" serve --socket "$sock" --stage cache --stage scheduler "$SPEC" >"$log" 2>&1 & pid=$! ;;
-    qemu-nbd) qemu-nbd --persistent --shared=4 --format=raw --socket="$sock" \
+    qemu-nbd) qemu-nbd --persistent --shared=4 --format=raw --cache="$QEMU_CACHE" --socket="$sock" \
                 "rbd:rbd/img:conf=$CONF" >"$log" 2>&1 & pid=$! ;;
     *) return 0 ;;
   esac
@@ -155,6 +162,7 @@ print("%s,%.1f,%.2f,%.1f,%.1f,%.1f" % (sys.argv[2], side["iops"], side["bw_bytes
 EOF
 }
 
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 total=0
 for _ in $BS_LIST; do for _ in $RW_LIST; do total=$((total + 2 * ${#ACTIVE[@]} * REPS)); done; done
 say "$total fio runs of ${RUNTIME}+${RAMP} s each (about $(( total * (RUNTIME + RAMP + 1) / 60 )) min)"
@@ -179,7 +187,8 @@ python3 "$ROOT/bench/deliba-summary.py" "$RAW" "$OUT/summary.csv" | tee "$OUT/ta
   echo
   echo "peers: ${ACTIVE[*]}; fio $(fio --version); ceph $(ceph --version | awk '{print $3}');"
   echo "cluster: scripts/ceph-local.sh (1 mon, 1 mgr, 3 memstore OSDs, pool size 3) on 127.0.0.1;"
-  echo "image rbd/img $IMAGE_SIZE prefilled; runs ${RUNTIME}s + ${RAMP}s ramp; medians of $REPS; $(nproc) cores."
+  echo "image rbd/img $IMAGE_SIZE prefilled; rbd cache = $RBD_CACHE; runs ${RUNTIME}s + ${RAMP}s ramp; medians of $REPS;"
+  echo "$(nproc) cores, load average before the grid: $LOAD0, after: $(cut -d' ' -f1-3 /proc/loadavg)."
 } | tee -a "$OUT/table.txt"
 if [ -n "$PLOT" ]; then
   "$PLOT" "$OUT/summary.csv" "$OUT" && say "figures: $OUT/latency.png $OUT/throughput.png $OUT/iops.png"

@@ -25,6 +25,8 @@
 #                               every 4 MiB object touched costs 4 MiB per replica)
 #   CEPH_LOCAL_MGR=1            0: no mgr (rbd I/O still works; `ceph pg ...` would hang)
 #   CEPH_LOCAL_TIMEOUT=120      seconds start may take in all
+#   CEPH_LOCAL_CLIENT_CONF=     extra lines for the [client] section, \n between lines
+#                               (e.g. 'rbd cache = false' as bench/deliba-grid.sh uses)
 set -euo pipefail
 
 ME=${0##*/}
@@ -46,6 +48,7 @@ IMAGE_SIZE=${CEPH_LOCAL_IMAGE_SIZE:-256M}
 MEMSTORE_MB=${CEPH_LOCAL_MEMSTORE_MB:-2048}
 WITH_MGR=${CEPH_LOCAL_MGR:-1}
 TOTAL=${CEPH_LOCAL_TIMEOUT:-120}
+CLIENT_CONF=${CEPH_LOCAL_CLIENT_CONF:-}
 IP=127.0.0.1
 
 case "$AUTH" in none|cephx) ;; *) err "CEPH_LOCAL_AUTH must be none or cephx, not '$AUTH'";; esac
@@ -92,7 +95,7 @@ daemon_pid() {
 all_pids() {
   local f pid cmd
   for f in /proc/[0-9]*/cmdline; do
-    cmd=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
+    cmd=$( { tr '\0' ' ' <"$f"; } 2>/dev/null) || continue
     case "$cmd" in ceph-mon\ *|ceph-mgr\ *|ceph-osd\ *|*/ceph-mon\ *|*/ceph-mgr\ *|*/ceph-osd\ *) ;; *) continue;; esac
     case "$cmd" in *" $CONF "*) ;; *) continue;; esac
     pid=${f#/proc/}; echo "${pid%/cmdline}"
@@ -203,6 +206,7 @@ osd op num threads per shard = 2
 admin socket =
 log file = $DIR/log/client.\$pid.log
 EOF
+  if [ -n "$CLIENT_CONF" ]; then printf '%b\n' "$CLIENT_CONF" >>"$CONF"; fi
 }
 
 start_daemon() { # $1 = binary, $2 = id; the daemons fork once initialised
