@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Summarises bench/nbd.sh results: fio --output-format=json files named
+SERVER_REP_JOB.json plus SERVER_REP_JOB.cpu (server CPU clock ticks over
+the job). Prints medians per server and iolift/nbdkit ratios, and checks the
+targets from issue 2.
+
+usage: fio_summary.py DIR [--clk-tck 100] [--repeats R] [--json OUT]
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+SERVERS = ("iolift", "nbdkit")
+
+
+def load(d, clk):
+    """{(server, job): [ {iops, p50_us, p99_us, mbs, cpu_us_per_io} per rep ]}"""
+    out = {}
+    for f in sorted(glob.glob(os.path.join(d, "*.json"))):
+        m = re.match(r"(iolift|nbdkit)_(\d+)_(.+)\.json$", os.path.basename(f))
+        if not m:
+            continue
+        srv, _rep, job = m.groups()
+        with open(f) as fh:
+            text = fh.read()
+        # fio may print notes before the JSON object
+        j = json.loads(text[text.index("{"):])
+        jb = j["jobs"][0]
+        side = "read" if jb["read"]["total_ios"] > 0 else "write"
+        s = jb[side]
+        ios = jb["read"]["total_ios"] + jb["write"]["total_ios"]
+        pct = s.get("clat_ns", {}).get("percentile", {})
+        cpu_file = f[:-5] + ".cpu"
+        ticks = int(open(cpu_file).read().strip()) if os.path.exists(cpu_file) else None
+        r = {
+            "iops": s["iops"],
+            "p50_us": pct.get("50.000000", 0) / 1000.0,
+            "p99_us": pct.get("99.000000", 0) / 1000.0,
+            "mbs": s["bw_bytes"] / 1e6,
+            "ios": ios,
+            "cpu_us_per_io": (ticks / clk * 1e6 / ios) if (ticks is not None and ios) else None,
+            "errors": jb.get("error", 0),
+        }
+        out.setdefault((srv, job), []).append(r)
+    return out
+
+
+def med(rows, key):
+    v = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(v) if v else None
+
+
+def fmt(x, nd=1):
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return "%.0f" % x
+    return "%.*f" % (nd, x)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    p.add_argument("--clk-tck", type=float, default=100.0)
+    p.add_argument("--repeats", type=int, default=0)
+    p.add_argument("--json", help="also write the medians here")
+    a = p.parse_args()
+    data = load(a.dir, a.clk_tck)
+    if not data:
+        sys.exit("no fio results in %s" % a.dir)
+    jobs = []
+    for (_, job) in data:
+        if job not in jobs:
+            jobs.append(job)
+    order = ["randread_4k_qd1", "randwrite_4k_qd1", "randread_4k_qd32", "randwrite_4k_qd32",
+             "seqread_128k_qd8", "seqwrite_128k_qd8"]
+    jobs.sort(key=lambda j: order.index(j) if j in order else 99)
+
+    rows = []
+    summary = {}
+    for job in jobs:
+        metrics = [("IOPS", "iops", True), ("CPU us/IO", "cpu_us_per_io", False)]
+        if job.endswith("qd1"):
+            metrics[1:1] = [("p50 us", "p50_us", False), ("p99 us", "p99_us", False)]
+        if job.startswith("seq"):
+            metrics = [("MB/s", "mbs", True), ("CPU us/IO", "cpu_us_per_io", False)]
+        for label, key, _higher_better in metrics:
+            mi = med(data.get(("iolift", job), []), key)
+            mk = med(data.get(("nbdkit", job), []), key)
+            ratio = (mi / mk) if (mi is not None and mk) else None
+            n = min(len(data.get(("iolift", job), [])), len(data.get(("nbdkit", job), [])))
+            rows.append((job, label, fmt(mi), fmt(mk), fmt(ratio, 2), str(n)))
+            summary.setdefault(job, {})[key] = {"iolift": mi, "nbdkit": mk, "ratio": ratio}
+
+    w = [max(len(r[i]) for r in rows + [("job", "metric", "iolift", "nbdkit", "ratio", "runs")])
+         for i in range(6)]
+    hdr = ("job", "metric", "iolift", "nbdkit", "ratio", "runs")
+    line = "  ".join(h.ljust(w[i]) if i < 2 else h.rjust(w[i]) for i, h in enumerate(hdr))
+    print("medians over repeats (ratio = iolift / nbdkit)")
+    print(line)
+    print("-" * len(line))
+    for r in rows:
+        print("  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r)))
+
+    # targets (issue 2)
+    def get(job, key, who="ratio"):
+        return summary.get(job, {}).get(key, {}).get(who)
+
+    checks = []
+    for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
+        r = get(job, "iops")
+        checks.append(("%s IOPS >= 1.5x nbdkit" % job, r, r is not None and r >= 1.5))
+    for job in ("randread_4k_qd1", "randwrite_4k_qd1"):
+        r = get(job, "p50_us")
+        checks.append(("%s p50 <= nbdkit" % job, r, r is not None and r <= 1.0))
+    for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
+        r = get(job, "cpu_us_per_io")
+        checks.append(("%s CPU/IO <= 0.7x nbdkit" % job, r, r is not None and r <= 0.7))
+    print()
+    print("targets:")
+    for name, r, ok in checks:
+        print("  %-40s ratio %-6s %s" % (name, fmt(r, 2), "MET" if ok else "not met"))
+    errs = sum(r["errors"] for rows_ in data.values() for r in rows_)
+    if errs:
+        print("WARNING: fio reported %d job errors" % errs)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(summary, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# NBD benchmark: iolift (memory backend) vs `nbdkit memory`, same fio jobs,
+# same run, alternating servers, medians + ratios. Not a test: see docs/testing.md.
+#
+#   bench/nbd.sh                 # 3 repeats, 10 s per job
+#   R=5 RUNTIME=5 bench/nbd.sh   # more repeats, shorter jobs
+#   KEEP=1 bench/nbd.sh          # keep the fio JSON files (path printed)
+#
+# Per repeat and server: start a fresh server on a unix socket with a 1 GiB
+# export, fill it with fio (so reads return real data), then run
+#   4k randread/randwrite at iodepth 1 (IOPS, p50/p99 completion latency),
+#   4k randread/randwrite at iodepth 32 (IOPS),
+#   128k sequential read/write at iodepth 8 (MB/s),
+# each with fio ioengine=nbd, one connection, and record the server's CPU
+# time (utime+stime from /proc/PID/stat) over each job. The order of the two
+# servers flips every repeat (A B, B A, ...) so drift on a shared machine
+# hits both. Summary: bench/fio_summary.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+R=${R:-3}
+RUNTIME=${RUNTIME:-10}
+SIZE=${SIZE:-1G}
+THREADS=${THREADS:-2}
+TARGET=${CARGO_TARGET_DIR:-target}
+IOLIFT=$TARGET/release/iolift
+PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
+
+for t in fio nbdkit; do
+    command -v $t >/dev/null || { echo "missing $t: run scripts/test.sh, which installs it" >&2; exit 1; }
+done
+fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
+
+echo "== building iolift (release)" >&2
+cargo build --release -p iolift >&2
+
+WORK=$(mktemp -d /tmp/iolift-bench.XXXXXX)
+SERVER_PID=
+cleanup() {
+    if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    if [[ -z ${KEEP:-} ]]; then rm -rf "$WORK"; else echo "results kept in $WORK" >&2; fi
+}
+trap cleanup EXIT
+
+cpu_ticks() { # utime+stime of PID, in clock ticks
+    awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+
+start_server() { # $1 = iolift|nbdkit, $2 = socket
+    rm -f "$2"
+    case $1 in
+        iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
+        nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
+    esac
+    SERVER_PID=$!
+    for _ in $(seq 200); do
+        [[ -S $2 ]] && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/$1.log" >&2; exit 1; }
+        sleep 0.05
+    done
+    echo "$1 did not start" >&2; cat "$WORK/$1.log" >&2; exit 1
+}
+
+stop_server() {
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=
+}
+
+# name rw bs iodepth
+JOBS=(
+    "randread_4k_qd1 randread 4k 1"
+    "randwrite_4k_qd1 randwrite 4k 1"
+    "randread_4k_qd32 randread 4k 32"
+    "randwrite_4k_qd32 randwrite 4k 32"
+    "seqread_128k_qd8 read 128k 8"
+    "seqwrite_128k_qd8 write 128k 8"
+)
+
+run_one() { # server rep
+    local srv=$1 rep=$2 sock=$WORK/$1.sock
+    start_server "$srv" "$sock"
+    local uri="nbd+unix:///?socket=$sock"
+    # precondition: write the whole export once
+    fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
+        --size="$SIZE" --output-format=json >"$WORK/fill.json"
+    for j in "${JOBS[@]}"; do
+        set -- $j
+        local c0 c1
+        c0=$(cpu_ticks "$SERVER_PID")
+        fio --name="$1" --ioengine=nbd --uri="$uri" --rw="$2" --bs="$3" --iodepth="$4" \
+            --size="$SIZE" --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
+            --output-format=json >"$WORK/${srv}_${rep}_$1.json"
+        c1=$(cpu_ticks "$SERVER_PID")
+        echo $((c1 - c0)) >"$WORK/${srv}_${rep}_$1.cpu"
+        echo "   $srv rep $rep $1 done" >&2
+    done
+    stop_server
+}
+
+echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+for rep in $(seq 1 "$R"); do
+    if (( rep % 2 )); then order="iolift nbdkit"; else order="nbdkit iolift"; fi
+    for srv in $order; do run_one "$srv" "$rep"; done
+done
+
+"$PY" bench/fio_summary.py "$WORK" --clk-tck "$(getconf CLK_TCK)" --repeats "$R"
