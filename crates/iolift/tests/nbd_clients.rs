@@ -494,6 +494,39 @@ fn kill9_after_flush_keeps_acknowledged_writes() {
 }
 
 #[test]
+fn multi_conn_flush_on_another_connection_then_kill9() {
+    // Writes acknowledged on connections A and B, FLUSH sent on connection
+    // C only, then SIGKILL: the flush must have covered A's and B's writes
+    // (the CAN_MULTI_CONN promise), so all of them are in the file.
+    let mut b = ServerBuilder::iolift();
+    let disk = b.dir().join("disk.img");
+    let mut srv = b
+        .backend(&format!("file:{},size=16M", disk.display()))
+        .start();
+    let script = format!(
+        "import nbd\n\
+         hs = [nbd.NBD() for _ in range(3)]\n\
+         [h.connect_uri({uri:?}) for h in hs]\n\
+         assert all(h.can_multi_conn() for h in hs)\n\
+         for i in range(32):\n    hs[i % 2].pwrite(bytes([i + 1]) * 65536, i * 65536)\n\
+         hs[2].flush()\nprint('flushed')\n",
+        uri = srv.uri()
+    );
+    let o = run_ok(std::process::Command::new(python3_nbd()).args(["-c", &script]));
+    assert!(o.stdout.contains("flushed"));
+    srv.kill9();
+    let got = fs::read(&disk).unwrap();
+    for i in 0..32usize {
+        let blk = &got[i * 65536..(i + 1) * 65536];
+        assert!(
+            blk.iter().all(|&x| x == i as u8 + 1),
+            "block {i} written on connection {} lost after FLUSH on another connection",
+            i % 2
+        );
+    }
+}
+
+#[test]
 fn toml_config_exports_and_flags() {
     let mut b = ServerBuilder::iolift();
     let dir = b.dir().to_path_buf();

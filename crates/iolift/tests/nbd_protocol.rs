@@ -28,6 +28,7 @@ fn proto_server() -> Server {
 
 fn raw(case: &str) {
     let mut srv = proto_server();
+    let fds_before = srv.open_fds();
     let sock = srv.socket().to_str().unwrap().to_string();
     let o = run_python(
         "raw_cases.py",
@@ -48,6 +49,8 @@ fn raw(case: &str) {
         "server panicked:\n{}",
         srv.stderr()
     );
+    // every connection of the case is gone: no fd left behind
+    srv.wait_fds_at_most(fds_before);
 }
 
 fn libnbd(case: &str) {

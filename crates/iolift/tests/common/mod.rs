@@ -577,6 +577,32 @@ impl Server {
         c.wait().ok()
     }
 
+    /// Number of open file descriptors of the server (from /proc/PID/fd).
+    pub fn open_fds(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Waits (up to 10 s) until the server has at most `max` open fds;
+    /// panics naming the count otherwise (a connection or file leak).
+    pub fn wait_fds_at_most(&self, max: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n = self.open_fds();
+            if n <= max {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "server still has {n} open fds (want <= {max}): leaked connections?\nstderr:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// utime+stime of the server in seconds (from /proc/PID/stat).
     pub fn cpu_seconds(&self) -> f64 {
         let s = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
