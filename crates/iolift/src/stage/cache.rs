@@ -129,6 +129,9 @@ struct Entry {
     tick: Option<u64>,
 }
 
+/// A write-back run: first block, end block, busy id, data, generations.
+type Run = (u64, u64, u64, Bytes, Vec<u64>);
+
 struct Fill {
     id: u64,
     b0: u64,
@@ -696,9 +699,9 @@ impl Inner {
     /// Writes back the dirty, non-busy blocks among `cand` (sorted), each
     /// extended by its dirty neighbours into runs of up to max_run blocks.
     /// Returns how many runs were written.
-    async fn write_back(&self, cand: &[u64]) -> Result<usize, Errno> {
+    async fn write_back(self: &Arc<Self>, cand: &[u64]) -> Result<usize, Errno> {
         let bs = self.bs();
-        let mut runs: Vec<(u64, u64, u64, Bytes, Vec<u64>)> = Vec::new(); // b0, b1, id, data, gens
+        let mut runs: Vec<Run> = Vec::new();
         {
             let mut st = self.lock();
             let mut taken: BTreeSet<u64> = BTreeSet::new();
@@ -734,19 +737,37 @@ impl Inner {
                 runs.push((s, e, id, buf.freeze(), gens));
             }
         }
+        if runs.is_empty() {
+            return Ok(0);
+        }
+        // The I/O and the bookkeeping run in a task of their own, so that a
+        // caller dropping its future cannot leave blocks busy, or release
+        // them while a write is still on its way below.
+        let me = self.clone();
+        tokio::spawn(async move { me.finish_write_back(runs).await })
+            .await
+            .unwrap_or(Err(Errno::EIO))
+    }
+
+    async fn finish_write_back(&self, runs: Vec<Run>) -> Result<usize, Errno> {
+        let bs = self.bs();
         let mut results = Vec::with_capacity(runs.len());
-        for r in &runs {
-            self.writebacks.fetch_add(1, Relaxed);
-            self.writeback_bytes.fetch_add(r.3.len() as u64, Relaxed);
-            results.push(
-                self.below
-                    .submit(Request::Write {
+        for chunk in runs.chunks(64) {
+            let hs: Vec<_> = chunk
+                .iter()
+                .map(|r| {
+                    self.writebacks.fetch_add(1, Relaxed);
+                    self.writeback_bytes.fetch_add(r.3.len() as u64, Relaxed);
+                    tokio::spawn(self.below.submit(Request::Write {
                         offset: r.0 * bs,
                         data: r.3.clone(),
                         flags: Flags::NONE,
-                    })
-                    .await,
-            );
+                    }))
+                })
+                .collect();
+            for h in hs {
+                results.push(h.await.unwrap_or(Err(Errno::EIO)));
+            }
         }
         let mut err = None;
         {
@@ -790,7 +811,7 @@ impl Inner {
 
     /// Writes back until every block of `set` has had a snapshot at least
     /// as new as the given generation written (or has left the cache).
-    async fn write_back_set(&self, mut set: Vec<(u64, u64)>) -> Result<(), Errno> {
+    async fn write_back_set(self: &Arc<Self>, mut set: Vec<(u64, u64)>) -> Result<(), Errno> {
         loop {
             let n = notified_enabled(&self.changed);
             let todo: Vec<u64> = {
@@ -824,7 +845,7 @@ impl Inner {
     }
 
     /// One round of the background flusher.
-    async fn background(&self) {
+    async fn background(self: &Arc<Self>) {
         for _ in 0..64 {
             let cand: Vec<u64> = {
                 let st = self.lock();
@@ -894,31 +915,38 @@ impl Inner {
                 }
             })
             .await;
-        let r = self
-            .below
-            .submit(Request::Write {
-                offset: off,
-                data: data.clone(),
-                flags,
-            })
-            .await;
-        {
-            let mut st = self.lock();
-            if r.is_ok() && self.cfg.mode == Mode::WriteThrough {
-                for b in b0..b1 {
-                    let s = b * bs;
-                    let bl = self.blk_len(b);
-                    if s >= off && s + bl <= off + len {
-                        let p = (s - off) as usize;
-                        self.insert_clean(&mut st, b, data[p..p + bl as usize].to_vec());
+        // In a task of its own: the busy range is released only once the
+        // write is done below, even if the caller goes away.
+        let me = self.clone();
+        tokio::spawn(async move {
+            let r = me
+                .below
+                .submit(Request::Write {
+                    offset: off,
+                    data: data.clone(),
+                    flags,
+                })
+                .await;
+            {
+                let mut st = me.lock();
+                if r.is_ok() && me.cfg.mode == Mode::WriteThrough {
+                    for b in b0..b1 {
+                        let s = b * bs;
+                        let bl = me.blk_len(b);
+                        if s >= off && s + bl <= off + len {
+                            let p = (s - off) as usize;
+                            me.insert_clean(&mut st, b, data[p..p + bl as usize].to_vec());
+                        }
                     }
+                    me.evict(&mut st);
                 }
-                self.evict(&mut st);
+                me.release(&mut st, id);
             }
-            self.release(&mut st, id);
-        }
-        self.changed.notify_waiters();
-        r
+            me.changed.notify_waiters();
+            r
+        })
+        .await
+        .unwrap_or(Err(Errno::EIO))
     }
 
     /// Trim and write-zeroes.
@@ -957,12 +985,18 @@ impl Inner {
             })
             .await;
         let fua = req.flags().fua;
-        let r = self.below.submit(req).await;
-        {
-            let mut st = self.lock();
-            self.release(&mut st, id);
-        }
-        self.changed.notify_waiters();
+        let me = self.clone();
+        let r = tokio::spawn(async move {
+            let r = me.below.submit(req).await;
+            {
+                let mut st = me.lock();
+                me.release(&mut st, id);
+            }
+            me.changed.notify_waiters();
+            r
+        })
+        .await
+        .unwrap_or(Err(Errno::EIO));
         if r.is_ok() && fua && !touched.is_empty() {
             self.write_back_set(touched).await?;
             self.below.submit(Request::Flush).await?;
