@@ -1,0 +1,129 @@
+//! Measurements and checks shared by the `iolift-offload` CLI and
+//! scripts/gpu-check.sh: mappings/s, task round trip, tasks/s by batch
+//! size, whole-pool mapping time, and device == CPU mapper comparisons.
+
+use crate::device::{Device, Inputs, MapHandle, Mapping};
+use crate::error::Result;
+use crate::pool::{IoPool, PoolConfig};
+use iolift_crush::placement::Pool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    v[v.len() / 2]
+}
+
+/// Median mappings/s of `reps` runs of `n` inputs (0..n) on the whole device.
+pub fn mappings_per_sec(
+    dev: &Device,
+    h: &MapHandle,
+    rule: i32,
+    n: usize,
+    result_max: usize,
+    weights: &[u32],
+    reps: usize,
+) -> Result<f64> {
+    let xs: Vec<i32> = (0..n as i32).collect();
+    dev.map(h, rule, Inputs::Xs(&xs[..n.min(1024)]), result_max, weights)?; // warm up, upload
+    let mut rates = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        dev.map(h, rule, Inputs::Xs(&xs), result_max, weights)?;
+        rates.push(n as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(median(&mut rates))
+}
+
+/// Whole-pool time (median seconds) for `pg_num` PGs.
+pub fn whole_pool_secs(
+    dev: &Device,
+    h: &MapHandle,
+    pool: &Pool,
+    rule: i32,
+    size: usize,
+    weights: &[u32],
+    reps: usize,
+) -> Result<f64> {
+    dev.map_pool(h, pool, rule, size, weights)?;
+    let mut v = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        dev.map_pool(h, pool, rule, size, weights)?;
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(&mut v))
+}
+
+/// Single-task round trip through the pool: (p50, p99) in microseconds.
+pub fn round_trip_us(pool: &IoPool, iters: usize) -> Result<(f64, f64)> {
+    for i in 0..100 {
+        pool.submit(i).wait()?;
+    }
+    let mut v = Vec::with_capacity(iters);
+    for i in 0..iters {
+        let t = Instant::now();
+        pool.submit(i as i32).wait()?;
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    Ok((p(0.5), p(0.99)))
+}
+
+/// Tasks/s when `batch` tasks are submitted at once and all awaited.
+pub fn tasks_per_sec(pool: &IoPool, batch: usize, min_time: Duration) -> Result<f64> {
+    let xs: Vec<i32> = (0..batch as i32).collect();
+    let t = Instant::now();
+    let mut done = 0usize;
+    while done == 0 || t.elapsed() < min_time {
+        for c in pool.submit_batch(&xs) {
+            c.wait()?;
+        }
+        done += batch;
+    }
+    Ok(done as f64 / t.elapsed().as_secs_f64())
+}
+
+/// A pool for round-trip / tasks/s measurements.
+pub fn bench_pool(
+    dev: Arc<Device>,
+    h: Arc<MapHandle>,
+    rule: i32,
+    result_max: usize,
+    weights: Vec<u32>,
+    max_batch: usize,
+    max_wait: Duration,
+) -> Result<IoPool> {
+    IoPool::new(
+        dev,
+        h,
+        rule,
+        result_max,
+        weights,
+        PoolConfig {
+            max_batch,
+            max_wait,
+            pes: 0,
+        },
+    )
+}
+
+/// Compare two mappings; the first differing input index, if any.
+pub fn first_mismatch(a: &Mapping, b: &Mapping) -> Option<usize> {
+    (0..a.len().max(b.len())).find(|&i| i >= a.len() || i >= b.len() || a.row(i) != b.row(i))
+}
+
+/// SplitMix-style deterministic random inputs (full 32-bit range).
+pub fn random_inputs(n: usize, seed: u64) -> Vec<i32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) as i32
+        })
+        .collect()
+}

@@ -1,0 +1,230 @@
+//! Kernel sources (`kernels/*.cu`, embedded at build time), run-time
+//! compilation with NVRTC (loaded with libloading, so nothing links against
+//! CUDA) and a PTX cache keyed by source hash and architecture.
+
+use crate::error::{OffloadError, Result};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// `kernels/crush.cu`: CRUSH do_rule (throughput + latency kernels).
+pub const CRUSH_CU: &str = include_str!("../../../kernels/crush.cu");
+
+/// Entry points in `CRUSH_CU`.
+pub const KERNEL_THREAD: &str = "crush_map_thread";
+pub const KERNEL_WARP: &str = "crush_map_warp";
+
+/// FNV-1a 64 of the source: the cache key.
+pub fn source_hash(src: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in src.as_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+type CreateFn = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *const c_char,
+    *const c_char,
+    c_int,
+    *const *const c_char,
+    *const *const c_char,
+) -> c_int;
+type CompileFn = unsafe extern "C" fn(*mut c_void, c_int, *const *const c_char) -> c_int;
+type SizeFn = unsafe extern "C" fn(*mut c_void, *mut usize) -> c_int;
+type GetFn = unsafe extern "C" fn(*mut c_void, *mut c_char) -> c_int;
+type DestroyFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+type VersionFn = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
+
+/// A loaded libnvrtc.
+pub struct Nvrtc {
+    lib: libloading::Library,
+    pub path: PathBuf,
+}
+
+/// Where libnvrtc may be: `IOLIFT_NVRTC` (a file), CUDA install dirs, and
+/// pip's `nvidia-cuda-nvrtc-cu12` wheel (needs no GPU or driver).
+pub fn nvrtc_candidates() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Ok(p) = std::env::var("IOLIFT_NVRTC") {
+        v.push(PathBuf::from(p));
+    }
+    for dir in [
+        "/usr/local/cuda/lib64",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/local/cuda/targets/x86_64-linux/lib",
+    ] {
+        for name in ["libnvrtc.so", "libnvrtc.so.12", "libnvrtc.so.13"] {
+            v.push(Path::new(dir).join(name));
+        }
+    }
+    if let Ok(out) = std::process::Command::new("python3")
+        .args(["-c", "import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0])"])
+        .output()
+    {
+        if out.status.success() {
+            let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !dir.is_empty() {
+                v.push(Path::new(&dir).join("lib/libnvrtc.so.12"));
+                v.push(Path::new(&dir).join("lib/libnvrtc.so.13"));
+            }
+        }
+    }
+    v
+}
+
+impl Nvrtc {
+    /// Load the first libnvrtc found; a clear error listing where it looked
+    /// otherwise.
+    pub fn load() -> Result<Nvrtc> {
+        let cands = nvrtc_candidates();
+        for p in &cands {
+            if !p.exists() {
+                continue;
+            }
+            // SAFETY: loading a shared library runs its initialisers; libnvrtc's are benign.
+            if let Ok(lib) = unsafe { libloading::Library::new(p) } {
+                let n = Nvrtc { lib, path: p.clone() };
+                if n.version().is_ok() {
+                    return Ok(n);
+                }
+            }
+        }
+        Err(OffloadError::NoNvrtc(format!(
+            "libnvrtc not found (looked at {}); install the CUDA toolkit or `pip install nvidia-cuda-nvrtc-cu12`, or set IOLIFT_NVRTC=/path/libnvrtc.so.12",
+            cands.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )))
+    }
+
+    fn sym<T: Copy>(&self, name: &[u8]) -> Result<T> {
+        // SAFETY: the symbol types above match NVRTC's C API.
+        unsafe {
+            self.lib
+                .get::<T>(name)
+                .map(|s| *s)
+                .map_err(|e| OffloadError::NoNvrtc(format!("{}: {e}", self.path.display())))
+        }
+    }
+
+    pub fn version(&self) -> Result<(i32, i32)> {
+        let f: VersionFn = self.sym(b"nvrtcVersion\0")?;
+        let (mut a, mut b) = (0, 0);
+        // SAFETY: two valid out pointers.
+        let rc = unsafe { f(&mut a, &mut b) };
+        if rc != 0 {
+            return Err(OffloadError::NoNvrtc(format!("nvrtcVersion failed ({rc})")));
+        }
+        Ok((a, b))
+    }
+
+    /// Compile `src` to PTX for `arch` (e.g. "compute_90"). Errors carry the
+    /// program log; warnings are returned next to the PTX.
+    pub fn compile(&self, src: &str, name: &str, arch: &str) -> Result<(String, String)> {
+        let create: CreateFn = self.sym(b"nvrtcCreateProgram\0")?;
+        let compile: CompileFn = self.sym(b"nvrtcCompileProgram\0")?;
+        let log_size: SizeFn = self.sym(b"nvrtcGetProgramLogSize\0")?;
+        let get_log: GetFn = self.sym(b"nvrtcGetProgramLog\0")?;
+        let ptx_size: SizeFn = self.sym(b"nvrtcGetPTXSize\0")?;
+        let get_ptx: GetFn = self.sym(b"nvrtcGetPTX\0")?;
+        let destroy: DestroyFn = self.sym(b"nvrtcDestroyProgram\0")?;
+        let csrc = CString::new(src).map_err(|_| OffloadError::Invalid("NUL in source".into()))?;
+        let cname = CString::new(name).map_err(|_| OffloadError::Invalid("NUL in name".into()))?;
+        let opts: Vec<CString> = [format!("--gpu-architecture={arch}"), "-std=c++17".into()]
+            .into_iter()
+            .map(|s| CString::new(s).expect("no NUL"))
+            .collect();
+        let optp: Vec<*const c_char> = opts.iter().map(|s| s.as_ptr()).collect();
+        let mut prog: *mut c_void = std::ptr::null_mut();
+        // SAFETY: NVRTC C API used as documented; all pointers outlive the calls.
+        unsafe {
+            let rc = create(
+                &mut prog,
+                csrc.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            );
+            if rc != 0 {
+                return Err(OffloadError::Compile(format!("nvrtcCreateProgram failed ({rc})")));
+            }
+            let rc = compile(prog, optp.len() as c_int, optp.as_ptr());
+            let mut n = 0usize;
+            let mut log = String::new();
+            if log_size(prog, &mut n) == 0 && n > 1 {
+                let mut buf = vec![0u8; n];
+                get_log(prog, buf.as_mut_ptr() as *mut c_char);
+                log = CStr::from_bytes_until_nul(&buf)
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+            }
+            if rc != 0 {
+                destroy(&mut prog);
+                return Err(OffloadError::Compile(format!("{name} (nvrtc status {rc}):\n{log}")));
+            }
+            let mut n = 0usize;
+            ptx_size(prog, &mut n);
+            let mut buf = vec![0u8; n.max(1)];
+            get_ptx(prog, buf.as_mut_ptr() as *mut c_char);
+            destroy(&mut prog);
+            let ptx = CStr::from_bytes_until_nul(&buf)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok((ptx, log))
+        }
+    }
+}
+
+/// Directory of the on-disk PTX cache: `IOLIFT_KERNEL_CACHE`, else
+/// `$XDG_CACHE_HOME/iolift/kernels` or `~/.cache/iolift/kernels`.
+pub fn cache_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("IOLIFT_KERNEL_CACHE") {
+        return PathBuf::from(p);
+    }
+    let base = std::env::var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(|_| std::env::temp_dir());
+    base.join("iolift").join("kernels")
+}
+
+/// How a PTX was obtained (for logs and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheHit {
+    Memory,
+    Disk,
+    Compiled,
+}
+
+/// Compile `src` for `arch`, or return the cached PTX (memory, then disk).
+pub fn cached_ptx(src: &str, name: &str, arch: &str) -> Result<(Arc<String>, CacheHit)> {
+    type PtxCache = Mutex<HashMap<(u64, String), Arc<String>>>;
+    static MEM: OnceLock<PtxCache> = OnceLock::new();
+    let key = (source_hash(src), arch.to_string());
+    let mem = MEM.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(p) = mem.lock().expect("ptx cache lock").get(&key) {
+        return Ok((p.clone(), CacheHit::Memory));
+    }
+    let file = cache_dir().join(format!("{name}-{:016x}-{arch}.ptx", key.0));
+    if let Ok(p) = std::fs::read_to_string(&file) {
+        if p.contains(".entry") {
+            let p = Arc::new(p);
+            mem.lock().expect("ptx cache lock").insert(key, p.clone());
+            return Ok((p, CacheHit::Disk));
+        }
+    }
+    let nvrtc = Nvrtc::load()?;
+    let (ptx, _log) = nvrtc.compile(src, name, arch)?;
+    let ptx = Arc::new(ptx);
+    if std::fs::create_dir_all(cache_dir()).is_ok() {
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, ptx.as_bytes()).is_ok() {
+            let _ = std::fs::rename(&tmp, &file);
+        }
+    }
+    mem.lock().expect("ptx cache lock").insert(key, ptx.clone());
+    Ok((ptx, CacheHit::Compiled))
+}
