@@ -1,0 +1,98 @@
+//! GPU tests: GPU == CPU mapper (corpus and random inputs), map uploaded
+//! once, pool on CUDA streams. They need a CUDA GPU: without one they print
+//! why they are skipped and pass; with IOLIFT_GPU_TESTS=1 a missing GPU is
+//! a failure (scripts/gpu-check.sh sets it).
+
+mod common;
+use common::*;
+use iolift_offload::bench::{first_mismatch, random_inputs};
+use iolift_offload::synth::straw2_map;
+use iolift_offload::{Device, Inputs, IoPool, MapHandle, PoolConfig};
+use std::sync::Arc;
+
+fn gpu() -> Option<Device> {
+    let required = std::env::var("IOLIFT_GPU_TESTS").map(|v| v == "1").unwrap_or(false);
+    match Device::open("gpu", 4) {
+        Ok(d) => Some(d),
+        Err(e) if !required => {
+            eprintln!("SKIPPED (no GPU; set IOLIFT_GPU_TESTS=1 to require one): {e}");
+            None
+        }
+        Err(e) => panic!("IOLIFT_GPU_TESTS=1 but: {e}"),
+    }
+}
+
+#[test]
+fn gpu_matches_cpu_on_corpus() {
+    let Some(g) = gpu() else { return };
+    let cpu = Device::cpu(0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let n: usize = std::env::var("IOLIFT_GPU_RANDOM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let have_crushtool = crushtool_ok();
+    let mut maps: Vec<(String, iolift_crush::CrushMap)> = vec![
+        ("straw2-1000".into(), straw2_map(1000, 10, 10)),
+        ("straw2-10000".into(), straw2_map(10000, 10, 10)),
+    ];
+    if have_crushtool {
+        for (name, spec) in corpus_specs() {
+            maps.push((name.clone(), compile_text(dir.path(), &name, &text_map(&spec))));
+        }
+    } else {
+        eprintln!("crushtool missing: synthetic straw2 maps only");
+    }
+    for (name, map) in maps {
+        let h = MapHandle::new(map, Some(0)).unwrap();
+        for w in weight_sets(h.map.max_devices as usize, 5) {
+            for rule in 0..h.map.max_rules() {
+                for rm in [1usize, 3, 6] {
+                    for xs in [
+                        (0..1024).collect::<Vec<i32>>(),
+                        random_inputs(n, rule as u64),
+                        random_inputs(100, 1),
+                    ] {
+                        // 100 inputs: latency (warp) kernel; larger: throughput kernel
+                        let a = g.map(&h, rule, Inputs::Xs(&xs), rm, &w).unwrap();
+                        let b = cpu.map(&h, rule, Inputs::Xs(&xs), rm, &w).unwrap();
+                        if let Some(i) = first_mismatch(&a, &b) {
+                            panic!(
+                                "{name} rule {rule} size {rm} x {}: gpu {:?} cpu {:?}",
+                                xs[i],
+                                a.row(i),
+                                b.row(i)
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_pool_and_whole_pool() {
+    let Some(g) = gpu() else { return };
+    let g = Arc::new(g);
+    let cpu = Device::cpu(0).unwrap();
+    let h = MapHandle::new(straw2_map(10000, 10, 10), None).unwrap();
+    let w = vec![0x10000u32; 10000];
+    let p = iolift_crush::placement::Pool {
+        id: 3,
+        pg_num: 1 << 20,
+        pgp_num: 1 << 20,
+        hashpspool: true,
+    };
+    for (rule, size) in [(0, 3usize), (1, 6)] {
+        let a = g.map_pool(&h, &p, rule, size, &w).unwrap();
+        let b = cpu.map_pool(&h, &p, rule, size, &w).unwrap();
+        assert!(first_mismatch(&a, &b).is_none(), "whole pool rule {rule}");
+    }
+    let pool = IoPool::new(g, h.clone(), 0, 3, w.clone(), PoolConfig::default()).unwrap();
+    let xs = random_inputs(10000, 3);
+    let b = cpu.map(&h, 0, Inputs::Xs(&xs), 3, &w).unwrap();
+    for (i, c) in pool.submit_batch(&xs).into_iter().enumerate() {
+        assert_eq!(c.wait().unwrap(), b.row(i));
+    }
+}

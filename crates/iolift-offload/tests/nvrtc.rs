@@ -1,0 +1,55 @@
+//! The CUDA sources compile with NVRTC in CPU-only CI (pip's
+//! nvidia-cuda-nvrtc-cu12 wheel needs no GPU or driver): a kernel that does
+//! not compile fails here. Also checks the PTX cache and the error path.
+
+use iolift_offload::kernel::{cached_ptx, source_hash, CacheHit, Nvrtc, CRUSH_CU, KERNEL_THREAD, KERNEL_WARP};
+
+fn nvrtc() -> Nvrtc {
+    Nvrtc::load().unwrap_or_else(|e| panic!("{e}\n(scripts/test.sh installs it: pip install nvidia-cuda-nvrtc-cu12)"))
+}
+
+#[test]
+fn crush_kernels_compile_to_ptx() {
+    let n = nvrtc();
+    let (maj, _) = n.version().unwrap();
+    assert!(maj >= 11, "NVRTC {maj} too old");
+    for arch in ["compute_75", "compute_90"] {
+        let (ptx, log) = n
+            .compile(CRUSH_CU, "crush.cu", arch)
+            .unwrap_or_else(|e| panic!("kernels/crush.cu does not compile for {arch}: {e}"));
+        for k in [KERNEL_THREAD, KERNEL_WARP] {
+            assert!(ptx.contains(&format!(".entry {k}(")), "{arch}: PTX lacks entry {k}");
+        }
+        let target = arch.replace("compute_", "sm_");
+        assert!(ptx.contains(&format!(".target {target}")), "{arch}: PTX target");
+        assert!(!log.contains("warning"), "{arch}: NVRTC warnings:\n{log}");
+        // the warp kernel's reduction really uses shuffles
+        assert!(ptx.contains("shfl.sync"), "{arch}: no warp shuffle in the PTX");
+    }
+}
+
+#[test]
+fn broken_source_reports_the_log() {
+    let n = nvrtc();
+    let bad = format!("{CRUSH_CU}\n__global__ void broken() {{ undeclared_thing = 1; }}\n");
+    let e = n.compile(&bad, "bad.cu", "compute_80").unwrap_err().to_string();
+    assert!(e.contains("undeclared_thing"), "log should name the error: {e}");
+}
+
+#[test]
+fn ptx_cache_by_source_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    // the only test in this binary that reads the cache location
+    std::env::set_var("IOLIFT_KERNEL_CACHE", dir.path());
+    let src = format!("{CRUSH_CU}\n// cache test {}\n", std::process::id());
+    let (p1, h1) = cached_ptx(&src, "crush", "compute_80").unwrap();
+    assert_eq!(h1, CacheHit::Compiled);
+    let (p2, h2) = cached_ptx(&src, "crush", "compute_80").unwrap();
+    assert_eq!(h2, CacheHit::Memory);
+    assert_eq!(p1, p2);
+    let file = dir
+        .path()
+        .join(format!("crush-{:016x}-compute_80.ptx", source_hash(&src)));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), *p1);
+    assert_ne!(source_hash(&src), source_hash(CRUSH_CU));
+}

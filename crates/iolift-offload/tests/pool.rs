@@ -1,0 +1,251 @@
+//! Devices and the I/O pool on the CPU device (no GPU needed): completions
+//! by future, blocking wait and callback; batching by size and by time;
+//! several processing elements; whole-pool mapping vs per-PG placement;
+//! asking for the GPU without one is a clear error.
+
+use iolift_crush::placement::{map_object, pg_to_pps, Pool};
+use iolift_crush::{do_rule, Workspace};
+use iolift_offload::bench::random_inputs;
+use iolift_offload::synth::straw2_map;
+use iolift_offload::{Device, Inputs, IoPool, MapHandle, OffloadError, PoolConfig};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+fn setup(osds: usize) -> (Arc<Device>, Arc<MapHandle>, Vec<u32>) {
+    let dev = Arc::new(Device::cpu(2).unwrap());
+    let h = MapHandle::new(straw2_map(osds, 8, 4), None).unwrap();
+    (dev, h, vec![0x10000; osds])
+}
+
+fn expect(h: &MapHandle, rule: i32, x: i32, rm: usize, w: &[u32]) -> Vec<i32> {
+    let mut ws = Workspace::new(&h.map, rm);
+    let mut row = vec![0; rm];
+    let n = do_rule(&h.map, rule, x, &mut row, w, &mut ws, None);
+    row.truncate(n);
+    row
+}
+
+struct ThreadWaker(std::thread::Thread);
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let w = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&w);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn completions_by_wait_future_and_callback() {
+    let (dev, h, w) = setup(120);
+    let pool = IoPool::new(dev, h.clone(), 0, 3, w.clone(), PoolConfig::default()).unwrap();
+    for x in [0, 1, 77, -5, i32::MAX] {
+        assert_eq!(pool.submit(x).wait().unwrap(), expect(&h, 0, x, 3, &w));
+        assert_eq!(block_on(pool.submit(x)).unwrap(), expect(&h, 0, x, 3, &w));
+    }
+    let (tx, rx) = mpsc::channel();
+    for x in 0..50 {
+        let tx = tx.clone();
+        pool.submit_with(x, move |r| tx.send((x, r)).unwrap());
+    }
+    let mut got = 0;
+    for _ in 0..50 {
+        let (x, r) = rx.recv_timeout(Duration::from_secs(30)).expect("callback ran");
+        assert_eq!(r.unwrap(), expect(&h, 0, x, 3, &w));
+        got += 1;
+    }
+    assert_eq!(got, 50);
+    let xs = random_inputs(1000, 9);
+    let cs = pool.submit_batch(&xs);
+    for (c, &x) in cs.into_iter().zip(&xs) {
+        assert_eq!(c.wait().unwrap(), expect(&h, 0, x, 3, &w));
+    }
+    pool.shutdown();
+}
+
+#[test]
+fn batching_by_size() {
+    let (dev, h, w) = setup(60);
+    // a long wait: only the size limit launches
+    let cfg = PoolConfig {
+        max_batch: 16,
+        max_wait: Duration::from_secs(5),
+        pes: 2,
+    };
+    let pool = IoPool::new(dev, h.clone(), 1, 4, w.clone(), cfg).unwrap();
+    let xs: Vec<i32> = (0..64).collect();
+    let cs = pool.submit_batch(&xs);
+    for (c, &x) in cs.into_iter().zip(&xs) {
+        assert_eq!(c.wait().unwrap(), expect(&h, 1, x, 4, &w));
+    }
+    let st = pool.stats();
+    assert_eq!(st.tasks.load(Ordering::Relaxed), 64);
+    assert_eq!(st.launches.load(Ordering::Relaxed), 4);
+    assert_eq!(st.largest_launch.load(Ordering::Relaxed), 16);
+}
+
+#[test]
+fn batching_by_time() {
+    let (dev, h, w) = setup(60);
+    let cfg = PoolConfig {
+        max_batch: 1_000_000,
+        max_wait: Duration::from_millis(200),
+        pes: 1,
+    };
+    let pool = IoPool::new(dev, h.clone(), 0, 3, w.clone(), cfg).unwrap();
+    let t = std::time::Instant::now();
+    let cs = pool.submit_batch(&[1, 2, 3, 4, 5]);
+    for c in cs {
+        c.wait().unwrap();
+    }
+    // far below the size limit: the batch went when its time was up, as one launch
+    assert!(t.elapsed() >= Duration::from_millis(150), "launched before max_wait");
+    assert_eq!(pool.stats().launches.load(Ordering::Relaxed), 1);
+    assert_eq!(pool.stats().largest_launch.load(Ordering::Relaxed), 5);
+}
+
+#[test]
+fn many_submitters_many_pes() {
+    let (dev, h, w) = setup(200);
+    let cfg = PoolConfig {
+        max_batch: 64,
+        max_wait: Duration::from_micros(50),
+        pes: 4,
+    };
+    let pool = Arc::new(IoPool::new(dev, h.clone(), 0, 3, w.clone(), cfg).unwrap());
+    let mut ths = Vec::new();
+    for t in 0..4 {
+        let (pool, h, w) = (pool.clone(), h.clone(), w.clone());
+        ths.push(std::thread::spawn(move || {
+            for x in random_inputs(300, t) {
+                assert_eq!(pool.submit(x).wait().unwrap(), expect(&h, 0, x, 3, &w));
+            }
+        }));
+    }
+    for t in ths {
+        t.join().unwrap();
+    }
+    assert_eq!(pool.stats().tasks.load(Ordering::Relaxed), 1200);
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let (dev, h, w) = setup(30);
+    assert!(matches!(
+        IoPool::new(dev.clone(), h.clone(), 9, 3, w.clone(), PoolConfig::default()),
+        Err(OffloadError::Invalid(_))
+    ));
+    let cfg = PoolConfig {
+        max_batch: 0,
+        ..PoolConfig::default()
+    };
+    assert!(IoPool::new(dev.clone(), h.clone(), 0, 3, w.clone(), cfg).is_err());
+    assert!(dev.map(&h, 5, Inputs::Xs(&[1]), 3, &w).is_err());
+    let p = Pool {
+        id: 1,
+        pg_num: 0,
+        pgp_num: 0,
+        hashpspool: true,
+    };
+    assert!(dev.map_pool(&h, &p, 0, 3, &w).is_err());
+    assert!(matches!(Device::open("fpga", 1), Err(OffloadError::Invalid(_))));
+    assert!(Device::open("cpu:x", 1).is_err());
+}
+
+/// Without a CUDA driver, asking for the GPU is an error naming the cause
+/// (never a panic). With one, it opens.
+#[test]
+fn gpu_request_without_gpu_is_a_clear_error() {
+    match Device::open("gpu", 2) {
+        Ok(d) => {
+            assert!(iolift_offload::cuda::driver_present());
+            eprintln!("GPU present: {}", d.name());
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            eprintln!("no GPU here: {msg}");
+            assert!(matches!(e, OffloadError::NoGpu(_)), "{e:?}");
+            assert!(msg.contains("GPU offload unavailable"), "{msg}");
+        }
+    }
+}
+
+/// Whole-pool mapping on the CPU device == per-PG placement with
+/// iolift-crush (pg_to_pps + do_rule, and map_object for named objects).
+#[test]
+fn whole_pool_matches_per_pg_placement() {
+    let dev = Device::cpu(2).unwrap();
+    let map = straw2_map(300, 6, 5);
+    let w: Vec<u32> = (0..300).map(|i| if i % 17 == 0 { 0 } else { 0x10000 }).collect();
+    let h = MapHandle::new(map, Some(4)).unwrap();
+    for (pool, rule, size) in [
+        (
+            Pool {
+                id: 4,
+                pg_num: 4096,
+                pgp_num: 4096,
+                hashpspool: true,
+            },
+            0,
+            3usize,
+        ),
+        (
+            Pool {
+                id: 9,
+                pg_num: 1000,
+                pgp_num: 900,
+                hashpspool: false,
+            },
+            0,
+            3,
+        ),
+        (
+            Pool {
+                id: 2,
+                pg_num: 2048,
+                pgp_num: 2048,
+                hashpspool: true,
+            },
+            1,
+            6,
+        ),
+    ] {
+        let m = dev.map_pool(&h, &pool, rule, size, &w).unwrap();
+        assert_eq!(m.len(), pool.pg_num as usize);
+        let mut ws = Workspace::new(&h.map, size);
+        let mut row = vec![0; size];
+        for ps in 0..pool.pg_num {
+            let n = do_rule(&h.map, rule, pg_to_pps(&pool, ps) as i32, &mut row, &w, &mut ws, None);
+            assert_eq!(m.row(ps as usize), &row[..n], "pool {} ps {ps}", pool.id);
+            if rule == 1 {
+                assert_eq!(n, size, "indep keeps positions");
+            }
+        }
+        for i in 0..200 {
+            let name = format!("obj-{i}");
+            let p = map_object(&h.map, &pool, None, &name, rule, size, &w).unwrap();
+            assert_eq!(m.row(p.ps as usize), &p.osds[..], "{name}");
+        }
+    }
+    // the same through the pool-sized inline path (one processing element)
+    let pool = Pool {
+        id: 4,
+        pg_num: 512,
+        pgp_num: 512,
+        hashpspool: true,
+    };
+    let a = dev.map_pool(&h, &pool, 0, 3, &w).unwrap();
+    let b = dev.map_on(0, &h, 0, Inputs::Pool(&pool), 3, &w).unwrap();
+    assert_eq!(a, b);
+}
