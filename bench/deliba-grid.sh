@@ -47,6 +47,12 @@ die() { say "error: $*"; exit 1; }
 for t in fio qemu-nbd python3 ceph rbd; do
   command -v "$t" >/dev/null || die "missing $t (scripts/test.sh installs the peers)"
 done
+# A python3 with libnbd's module (Debian's, not a pyenv/venv one) for flushes between runs.
+PY_NBD=""
+for py in /usr/bin/python3 "$(command -v python3)"; do
+  if "$py" -c 'import nbd' 2>/dev/null; then PY_NBD=$py; break; fi
+done
+[ -n "$PY_NBD" ] || die "no python3 with the nbd module (install python3-libnbd)"
 fio --enghelp=rbd >/dev/null 2>&1 || die "this fio has no rbd engine"
 fio --enghelp=nbd >/dev/null 2>&1 || die "this fio has no nbd engine"
 
@@ -144,6 +150,14 @@ run_fio() { # peer bs rw iodepth rep
       >"$LOG/fio.err" 2>&1; then
     say "warning: fio failed for $peer $bs $rw qd$qd rep$rep: $(tail -n 3 "$LOG/fio.err" | tr '\n' ' ')"
     return 0
+  fi
+  # Outside the measurement: a flush, so that data a peer still holds dirty (the cache
+  # stage's write-back) is written before the next peer runs; otherwise its write-back
+  # competes with (and takes RBD's exclusive lock from) whoever runs next.
+  if [ "$peer" != fio-rbd ] && [[ $rw == *write* ]]; then
+    timeout 300 "$PY_NBD" -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.flush(); h.shutdown()' \
+      "${URI[$peer]}" >>"$LOG/flush.err" 2>&1 ||
+      say "warning: flush of $peer after $bs $rw qd$qd failed"
   fi
   python3 - "$json" "$peer,$bs,$rw,$qd,$rep" >>"$RAW" <<'EOF'
 import json, sys
