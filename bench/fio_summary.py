@@ -55,6 +55,11 @@ def med(rows, key):
     return statistics.median(v) if v else None
 
 
+def spread(rows, key):
+    v = [r[key] for r in rows if r.get(key) is not None]
+    return "%s-%s" % (fmt(min(v)), fmt(max(v))) if v else "-"
+
+
 def fmt(x, nd=1):
     if x is None:
         return "-"
@@ -94,14 +99,16 @@ def main():
             mk = med(data.get(("nbdkit", job), []), key)
             ratio = (mi / mk) if (mi is not None and mk) else None
             n = min(len(data.get(("iolift", job), [])), len(data.get(("nbdkit", job), [])))
-            rows.append((job, label, fmt(mi), fmt(mk), fmt(ratio, 2), str(n)))
+            rows.append((job, label, fmt(mi), fmt(mk), fmt(ratio, 2), str(n),
+                         spread(data.get(("iolift", job), []), key),
+                         spread(data.get(("nbdkit", job), []), key)))
             summary.setdefault(job, {})[key] = {"iolift": mi, "nbdkit": mk, "ratio": ratio}
 
-    w = [max(len(r[i]) for r in rows + [("job", "metric", "iolift", "nbdkit", "ratio", "runs")])
-         for i in range(6)]
-    hdr = ("job", "metric", "iolift", "nbdkit", "ratio", "runs")
+    hdr = ("job", "metric", "iolift", "nbdkit", "ratio", "runs", "iolift min-max",
+           "nbdkit min-max")
+    w = [max(len(r[i]) for r in rows + [hdr]) for i in range(len(hdr))]
     line = "  ".join(h.ljust(w[i]) if i < 2 else h.rjust(w[i]) for i, h in enumerate(hdr))
-    print("medians over repeats (ratio = iolift / nbdkit)")
+    print("medians over repeats (ratio = iolift / nbdkit; min-max = spread over repeats)")
     print(line)
     print("-" * len(line))
     for r in rows:
