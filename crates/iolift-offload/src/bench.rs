@@ -3,8 +3,9 @@
 //! size, whole-pool mapping time, and device == CPU mapper comparisons.
 
 use crate::device::{Device, Inputs, MapHandle, Mapping};
-use crate::error::Result;
+use crate::error::{OffloadError, Result};
 use crate::pool::{IoPool, PoolConfig};
+use crate::synth::{straw2_map, RULE_REPLICATED};
 use iolift_crush::placement::Pool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,4 +127,79 @@ pub fn random_inputs(n: usize, seed: u64) -> Vec<i32> {
             (z ^ (z >> 31)) as i32
         })
         .collect()
+}
+
+/// What `report` measures.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOpts {
+    /// OSDs of the synthetic straw2 map (10 per host, 10 hosts per rack).
+    pub osds: usize,
+    /// Largest batch for the tasks/s sweep (1, 10, ... up to this).
+    pub max_batch: usize,
+    /// Short runs (CI smoke).
+    pub quick: bool,
+}
+
+/// The `crush bench` report: mappings/s on the whole device, single-task
+/// round trip through the I/O pool (p50/p99), tasks/s by batch size.
+pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> Result<()> {
+    let io = |e: std::io::Error| OffloadError::Invalid(format!("write: {e}"));
+    let map = straw2_map(o.osds, 10, 10);
+    let weights = vec![0x10000u32; o.osds];
+    let h = MapHandle::new(map, None)?;
+    writeln!(
+        out,
+        "device: {} ({} processing elements)",
+        dev.name(),
+        dev.processing_elements()
+    )
+    .map_err(io)?;
+    writeln!(
+        out,
+        "map: synthetic straw2, {} OSDs, 10 per host, 10 hosts per rack; rule 0 = 3-replica chooseleaf firstn host",
+        o.osds
+    )
+    .map_err(io)?;
+    let n = if o.quick {
+        20_000
+    } else if dev.is_gpu() {
+        10_000_000
+    } else {
+        1_000_000
+    };
+    let r = mappings_per_sec(&dev, &h, RULE_REPLICATED, n, 3, &weights, 3)?;
+    writeln!(out, "mappings/s (batch of {n}, whole device, median of 3): {r:.3e}").map_err(io)?;
+    let pool = bench_pool(
+        dev.clone(),
+        h.clone(),
+        RULE_REPLICATED,
+        3,
+        weights,
+        o.max_batch,
+        Duration::from_micros(0),
+    )?;
+    let (p50, p99) = round_trip_us(&pool, if o.quick { 500 } else { 5000 })?;
+    writeln!(
+        out,
+        "single-task round trip (submit -> completion, max_wait 0): p50 {p50:.1} us, p99 {p99:.1} us"
+    )
+    .map_err(io)?;
+    let mut b = 1usize;
+    while b <= o.max_batch {
+        let tps = tasks_per_sec(&pool, b, Duration::from_millis(if o.quick { 50 } else { 500 }))?;
+        writeln!(out, "tasks/s, batches of {b}: {tps:.3e}").map_err(io)?;
+        b *= 10;
+    }
+    let st = pool.stats();
+    use std::sync::atomic::Ordering::Relaxed;
+    writeln!(
+        out,
+        "pool: {} tasks in {} launches (largest {})",
+        st.tasks.load(Relaxed),
+        st.launches.load(Relaxed),
+        st.largest_launch.load(Relaxed)
+    )
+    .map_err(io)?;
+    pool.shutdown();
+    Ok(())
 }

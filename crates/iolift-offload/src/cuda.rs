@@ -61,6 +61,10 @@ impl CudaDevice {
                 )));
             }
             let ctx = CudaContext::new(ordinal).map_err(|e| OffloadError::NoGpu(format!("{e:?}")))?;
+            // Buffers are per stream, or uploaded and synchronised before any
+            // other stream reads them: cudarc's per-buffer events are not needed.
+            // SAFETY: see above; no buffer is shared between streams while written.
+            unsafe { ctx.disable_event_tracking() };
             let (maj, min) = ctx.compute_capability().map_err(cuda_err)?;
             let arch: &'static str = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
             let (ptx, _) = cached_ptx(CRUSH_CU, "crush", arch)?;
@@ -213,6 +217,7 @@ impl CudaDevice {
         unsafe { lb.launch(cfg) }.map_err(cuda_err)?;
         let lens_h = stream.clone_dtoh(&lens).map_err(cuda_err)?;
         let out_h = stream.clone_dtoh(&out).map_err(cuda_err)?;
+        stream.synchronize().map_err(cuda_err)?;
         let mut m = Mapping {
             result_max,
             out: out_h,

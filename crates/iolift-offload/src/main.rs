@@ -15,7 +15,7 @@ use iolift_offload::synth::{straw2_map, RULE_EC, RULE_REPLICATED};
 use iolift_offload::{Device, Inputs, MapHandle, OffloadError};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 struct Args {
     v: Vec<String>,
@@ -119,50 +119,60 @@ fn maps(a: &Args, default_osds: &str) -> Result<Vec<(String, iolift_crush::Crush
     Ok(v)
 }
 
-/// Device vs CPU mapper on every rule of every map, sizes 1..=max, on
-/// x = 0..1024 (the crushtool corpus range) and N random inputs.
+/// Device vs CPU mapper on every rule of every map: x = 0..1023 (the
+/// crushtool range) for sizes 1, 3 and 6, plus `--random N` random inputs
+/// per map, split evenly over its (rule, size) pairs.
 fn check(a: &Args) -> Result<(), String> {
     let dev = open(a)?;
     let cpu = Device::cpu(0).map_err(|e| e.to_string())?;
     let nrand = a.num("--random", 1_000_000)?;
     let mut bad = 0usize;
+    let mut total = 0usize;
+    let mut fallbacks = 0usize;
     for (name, map) in maps(a, "1000,10000")? {
         let weights = vec![0x10000u32; map.max_devices.max(0) as usize];
         let h = MapHandle::new(map, Some(0)).map_err(|e| e.to_string())?;
-        for rule in 0..h.map.max_rules() {
-            if h.map.rule(rule).is_none() {
-                continue;
-            }
-            for size in [1usize, 3, 5] {
-                for (what, xs) in [
-                    ("x=0..1023", (0..1024).collect::<Vec<i32>>()),
-                    ("random", random_inputs(nrand, rule as u64 * 31 + size as u64)),
-                ] {
+        let rules: Vec<i32> = (0..h.map.max_rules()).filter(|&r| h.map.rule(r).is_some()).collect();
+        let sizes = [1usize, 3, 6];
+        let per = nrand / (rules.len() * sizes.len()).max(1);
+        let mut map_n = 0usize;
+        let mut map_t = 0f64;
+        for &rule in &rules {
+            for size in sizes {
+                let seed = (rule as u64) << 8 | size as u64;
+                for xs in [(0..1024).collect::<Vec<i32>>(), random_inputs(per, seed)] {
                     let t = Instant::now();
                     let g = dev
                         .map(&h, rule, Inputs::Xs(&xs), size, &weights)
                         .map_err(|e| e.to_string())?;
-                    let gt = t.elapsed();
+                    map_t += t.elapsed().as_secs_f64();
+                    map_n += xs.len();
+                    fallbacks += g.fallbacks;
                     let c = cpu
                         .map(&h, rule, Inputs::Xs(&xs), size, &weights)
                         .map_err(|e| e.to_string())?;
-                    let ok = first_mismatch(&g, &c);
-                    println!(
-                        "{name} rule {rule} size {size} {what} n={}: {} ({:.3e} mappings/s on {}, {} host fallbacks)",
-                        xs.len(),
-                        if ok.is_none() { "IDENTICAL" } else { "MISMATCH" },
-                        xs.len() as f64 / gt.as_secs_f64(),
-                        if dev.is_gpu() { "gpu" } else { "cpu" },
-                        g.fallbacks
-                    );
-                    if let Some(i) = ok {
+                    if let Some(i) = first_mismatch(&g, &c) {
                         bad += 1;
-                        println!("  first mismatch x={}: device {:?} cpu {:?}", xs[i], g.row(i), c.row(i));
+                        println!(
+                            "MISMATCH {name} rule {rule} size {size} x={}: device {:?} cpu {:?}",
+                            xs[i],
+                            g.row(i),
+                            c.row(i)
+                        );
                     }
                 }
             }
         }
+        total += map_n;
+        println!(
+            "{name}: {} rules x sizes {sizes:?}, {map_n} inputs: {} ({:.3e} mappings/s on {})",
+            rules.len(),
+            if bad == 0 { "identical so far" } else { "MISMATCHES" },
+            map_n as f64 / map_t,
+            dev.name()
+        );
     }
+    println!("{total} inputs compared, {fallbacks} mapped by the host fallback");
     if bad > 0 {
         return Err(format!("{bad} comparisons differ"));
     }
@@ -173,56 +183,12 @@ fn check(a: &Args) -> Result<(), String> {
 fn bench(a: &Args) -> Result<(), String> {
     let dev = Arc::new(open(a)?);
     let quick = a.flag("--quick");
-    let osds = a.num("--osds", 1000)?;
-    let max_batch = a.num("--max-batch", if quick { 10_000 } else { 1_000_000 })?;
-    let map = straw2_map(osds, 10, 10);
-    let weights = vec![0x10000u32; osds];
-    let h = MapHandle::new(map, None).map_err(|e| e.to_string())?;
-    println!(
-        "device: {} ({} processing elements)",
-        dev.name(),
-        dev.processing_elements()
-    );
-    println!(
-        "map: synthetic straw2, {osds} OSDs, 10 per host, 10 hosts per rack; rule 0 = 3-replica chooseleaf firstn host"
-    );
-    let n = if quick {
-        20_000
-    } else if dev.is_gpu() {
-        10_000_000
-    } else {
-        200_000
+    let o = BenchOpts {
+        osds: a.num("--osds", 1000)?,
+        max_batch: a.num("--max-batch", if quick { 10_000 } else { 1_000_000 })?,
+        quick,
     };
-    let r = mappings_per_sec(&dev, &h, RULE_REPLICATED, n, 3, &weights, 3).map_err(|e| e.to_string())?;
-    println!("mappings/s (batch of {n}, whole device, median of 3): {r:.3e}");
-    let pool = bench_pool(
-        dev.clone(),
-        h.clone(),
-        RULE_REPLICATED,
-        3,
-        weights.clone(),
-        max_batch,
-        Duration::from_micros(0),
-    )
-    .map_err(|e| e.to_string())?;
-    let (p50, p99) = round_trip_us(&pool, if quick { 500 } else { 5000 }).map_err(|e| e.to_string())?;
-    println!("single-task round trip (submit -> completion, max_wait 0): p50 {p50:.1} us, p99 {p99:.1} us");
-    let mut b = 1usize;
-    while b <= max_batch {
-        let tps =
-            tasks_per_sec(&pool, b, Duration::from_millis(if quick { 50 } else { 300 })).map_err(|e| e.to_string())?;
-        println!("tasks/s, batches of {b}: {tps:.3e}");
-        b *= 10;
-    }
-    let st = pool.stats();
-    println!(
-        "pool: {} tasks in {} launches (largest {})",
-        st.tasks.load(std::sync::atomic::Ordering::Relaxed),
-        st.launches.load(std::sync::atomic::Ordering::Relaxed),
-        st.largest_launch.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    pool.shutdown();
-    Ok(())
+    report(dev, &o, &mut std::io::stdout()).map_err(|e| e.to_string())
 }
 
 fn pool(a: &Args) -> Result<(), String> {

@@ -221,3 +221,21 @@ fn host_kernel_edge_cases() {
         assert_eq!(lens[i] as usize, do_rule(&map, 0, x, &mut row, &[], &mut ws, None));
     }
 }
+
+/// Writes the corpus as binary maps (crushtool -c output) to
+/// `IOLIFT_CORPUS_OUT` (default tests/maps) for scripts/gpu-check.sh on
+/// machines without crushtool. Run: cargo test --test host_kernel write_corpus -- --ignored
+#[test]
+#[ignore]
+fn write_corpus() {
+    let out = std::env::var("IOLIFT_CORPUS_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/maps"));
+    std::fs::create_dir_all(&out).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, spec) in corpus_specs() {
+        let map = compile_text(dir.path(), &name, &text_map(&spec));
+        std::fs::copy(dir.path().join(format!("{name}.bin")), out.join(format!("{name}.bin"))).unwrap();
+        assert_eq!(iolift_crush::decode(&std::fs::read(out.join(format!("{name}.bin"))).unwrap()).unwrap(), map);
+    }
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# THE GPU check of iolift-offload (issue 4): run on a machine with a CUDA GPU.
+# Builds, checks GPU == CPU mapper bit for bit, times everything, writes the
+# results. One command:
+#
+#   scripts/gpu-check.sh                 # results in target/gpu-check/<UTC time>/
+#   OUT=/some/dir scripts/gpu-check.sh   # results in $OUT
+#
+# Knobs: IOLIFT_GPU_RANDOM (random inputs per map, default 10000000),
+# IOLIFT_OFFLOAD_BIN (a prebuilt iolift-offload binary: skips cargo),
+# IOLIFT_NVRTC (path of libnvrtc.so.12 if it is not found by itself),
+# IOLIFT_KERNEL_CACHE (PTX cache dir; a cache filled elsewhere lets the GPU
+# run without NVRTC), CARGO_TARGET_DIR. Exit status: 0 when every check
+# passed; the timings are recorded either way.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RANDOM_N=${IOLIFT_GPU_RANDOM:-10000000}
+OUT=${OUT:-target/gpu-check/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+LOG="$OUT/gpu-check.txt"
+fail=0
+log() { printf '%s\n' "$*" | tee -a "$LOG" >&2; }
+run() { # run NAME CMD...: tee output into $OUT/NAME.txt, record status
+    local name=$1; shift
+    log "== $name: $*"
+    local t0=$EPOCHREALTIME
+    "$@" > >(tee "$OUT/$name.txt") 2>&1
+    local rc=$?
+    log "== $name: exit $rc in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}') s"
+    ((rc == 0)) || fail=1
+    return $rc
+}
+
+log "iolift gpu-check $(git rev-parse --short HEAD 2>/dev/null) at $(date -u)"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$LOG"
+else
+    log "nvidia-smi not found"
+fi
+nproc | sed 's/^/cpu cores: /' | tee -a "$LOG"
+
+# 1. build
+BIN=${IOLIFT_OFFLOAD_BIN:-}
+if [[ -z "$BIN" ]]; then
+    run build cargo build --release -p iolift-offload || { log "build failed"; exit 1; }
+    BIN=${CARGO_TARGET_DIR:-target}/release/iolift-offload
+fi
+run device "$BIN" info --device gpu || { log "no usable GPU: stopping (see $OUT/device.txt)"; exit 1; }
+
+# 2. kernels compile (NVRTC) -- the device open above already compiled or loaded the cached PTX
+"$BIN" nvrtc --arch compute_90 >"$OUT/nvrtc.txt" 2>&1 || log "NVRTC not loadable here (the PTX cache was used)"
+
+# 3. GPU == CPU: the corpus (every bucket algorithm, tunables profile, rule
+#    shape, choose_args) and synthetic straw2 1,000- and 10,000-OSD maps,
+#    x = 0..1023 for sizes 1/3/6 and $RANDOM_N random inputs per map.
+MAPS=()
+for f in crates/iolift-offload/tests/maps/*.bin; do MAPS+=(--map "$f"); done
+run check "$BIN" check --device gpu --random "$RANDOM_N" "${MAPS[@]}" --synthetic --osds 1000,10000
+
+# 4. the Rust test suite's GPU tests (corpus, pool on streams, whole pool)
+if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" ]]; then
+    IOLIFT_GPU_TESTS=1 run gpu-tests cargo test --release -p iolift-offload --test gpu -- --nocapture
+fi
+
+# 5. timings (targets, H100: >= 1e8 mappings/s on 1,000 OSDs 3-replica;
+#    1M-PG pool on 10,000 OSDs < 100 ms; round trip <= 20 us; >= 1e7 tasks/s)
+run bench-gpu-1000 "$BIN" bench --device gpu --osds 1000 --pes 4 --max-batch 1000000
+run bench-gpu-10000 "$BIN" bench --device gpu --osds 10000 --pes 4 --max-batch 1000000
+run pool-gpu-rep "$BIN" pool --device gpu --osds 10000 --pg-num 1048576 --size 3
+run pool-gpu-ec "$BIN" pool --device gpu --osds 10000 --pg-num 1048576 --size 6 --ec
+run pool-gpu-4m "$BIN" pool --device gpu --osds 10000 --pg-num 4194304 --size 3
+# the same on this machine's CPU cores, for the ratios
+run bench-cpu-1000 "$BIN" bench --device cpu --osds 1000 --max-batch 100000
+run pool-cpu-rep "$BIN" pool --device cpu --osds 10000 --pg-num 1048576 --size 3
+
+log "summary:"
+grep -h -E "mappings/s|round trip|tasks/s, batches of (1|1000|1000000):|whole pool|identical|MISMATCH|inputs compared" "$OUT"/check.txt "$OUT"/bench-*.txt "$OUT"/pool-*.txt 2>/dev/null | tee -a "$LOG"
+if ((fail)); then log "gpu-check: FAILED (see $OUT)"; exit 1; fi
+log "gpu-check: all checks passed; results in $OUT"
