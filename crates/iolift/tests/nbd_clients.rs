@@ -90,6 +90,28 @@ fn nbdinfo_size_flags_contexts_block_sizes() {
 }
 
 #[test]
+fn default_serve_is_a_sparse_1g_file_and_prints_how_to_connect() {
+    // `iolift serve` with no backend: the README's first command.
+    let srv = ServerBuilder::iolift().start();
+    let img = srv.dir().join("iolift-disk.img");
+    let m = fs::metadata(&img).expect("iolift-disk.img created in the cwd");
+    assert_eq!(m.len(), 1 << 30);
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        m.blocks() * 512 < 16 * MIB,
+        "default image not sparse: {} blocks",
+        m.blocks()
+    );
+    let o = run_ok(cmd("nbdinfo").args(["--size", &srv.uri()]));
+    assert_eq!(o.stdout.trim(), (1u64 << 30).to_string());
+    let log = srv.stderr();
+    let sock = srv.socket().display().to_string();
+    for hint in ["nbdinfo", "qemu-img", "nbd-client", sock.as_str()] {
+        assert!(log.contains(hint), "startup output lacks {hint:?}:\n{log}");
+    }
+}
+
+#[test]
 fn nbdinfo_lists_named_exports_with_their_sizes() {
     let srv = ServerBuilder::iolift()
         .args(["-e", "alpha=memory:16M", "-e", "beta=null:3G"])
