@@ -27,9 +27,30 @@ struct GpuMap {
     weights: WeightsCache,
 }
 
+/// Per-stream input/output buffers, grown on demand and reused, so a
+/// launch allocates nothing on the device.
+#[derive(Default)]
+struct Scratch {
+    xs: Option<CudaSlice<i32>>,
+    out: Option<CudaSlice<i32>>,
+    lens: Option<CudaSlice<u32>>,
+}
+
+fn ensure<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<()> {
+    if buf.as_ref().is_none_or(|b| b.len() < n) {
+        *buf = Some(stream.alloc_zeros::<T>(n.next_power_of_two()).map_err(cuda_err)?);
+    }
+    Ok(())
+}
+
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     streams: Vec<Arc<CudaStream>>,
+    scratch: Vec<Mutex<Scratch>>,
     thread_fn: CudaFunction,
     warp_fn: CudaFunction,
     maps: Mutex<HashMap<u64, Arc<GpuMap>>>,
@@ -82,8 +103,10 @@ impl CudaDevice {
                 ctx.name().unwrap_or_default(),
                 st.len()
             );
+            let scratch = st.iter().map(|_| Mutex::new(Scratch::default())).collect();
             Ok(CudaDevice {
                 ctx,
+                scratch,
                 streams: st,
                 thread_fn,
                 warp_fn,
@@ -168,19 +191,32 @@ impl CudaDevice {
             fix_fallbacks(h, rule, inputs, weights, &mut m);
             return Ok(m);
         }
-        let stream = &self.streams[pe % self.streams.len()];
+        let si = pe % self.streams.len();
+        let stream = &self.streams[si];
+        let mut scratch = self.scratch[si].lock().expect("scratch lock");
+        let sc = &mut *scratch;
         let gm = self.gpu_map(h)?;
         let wdev = self.gpu_weights(&gm, stream, weights)?;
-        let (xs_dev, x0, pgp_num, pgp_mask, pool_id, flags) = match inputs {
-            Inputs::Xs(xs) => (stream.clone_htod(xs).map_err(cuda_err)?, 0i32, 0u32, 0u32, 0u32, 0u32),
+        let rm1 = result_max.max(1);
+        ensure(stream, &mut sc.xs, n)?;
+        ensure(stream, &mut sc.out, n * rm1)?;
+        ensure(stream, &mut sc.lens, n)?;
+        let (xs_dev, out, lens) = (
+            sc.xs.as_mut().expect("ensured"),
+            sc.out.as_mut().expect("ensured"),
+            sc.lens.as_mut().expect("ensured"),
+        );
+        let (x0, pgp_num, pgp_mask, pool_id, flags) = match inputs {
+            Inputs::Xs(xs) => {
+                stream.memcpy_htod(xs, &mut xs_dev.slice_mut(0..n)).map_err(cuda_err)?;
+                (0i32, 0u32, 0u32, 0u32, 0u32)
+            }
             Inputs::Pool(p) => {
                 let (a, b, c, d) = pool_kernel_params(p);
-                (stream.clone_htod(&[0i32]).map_err(cuda_err)?, 0, a, b, c, d | 2)
+                (0, a, b, c, d | 2)
             }
         };
         let has_xs: bool = matches!(inputs, Inputs::Xs(_));
-        let mut out = stream.alloc_zeros::<i32>(n * result_max.max(1)).map_err(cuda_err)?;
-        let mut lens = stream.alloc_zeros::<u32>(n).map_err(cuda_err)?;
         let n32 = n as u32;
         let rm = result_max as u32;
         let wmax = weights.len() as u32;
@@ -200,7 +236,7 @@ impl CudaDevice {
         let mut lb = stream.launch_builder(func);
         lb.arg(&gm.words).arg(&gm.ln).arg(wdev.as_ref()).arg(&wmax).arg(&rule);
         if has_xs {
-            lb.arg(&xs_dev);
+            lb.arg(&*xs_dev);
         } else {
             lb.arg(&null_xs);
         }
@@ -211,13 +247,22 @@ impl CudaDevice {
             .arg(&pgp_mask)
             .arg(&pool_id)
             .arg(&flags)
-            .arg(&mut out)
-            .arg(&mut lens);
+            .arg(&mut *out)
+            .arg(&mut *lens);
         // SAFETY: argument list matches the kernel signature in kernels/crush.cu.
         unsafe { lb.launch(cfg) }.map_err(cuda_err)?;
-        let lens_h = stream.clone_dtoh(&lens).map_err(cuda_err)?;
-        let out_h = stream.clone_dtoh(&out).map_err(cuda_err)?;
+        let lens_h = stream.clone_dtoh(&lens.slice(0..n)).map_err(cuda_err)?;
+        let mut out_h = stream.clone_dtoh(&out.slice(0..n * rm1)).map_err(cuda_err)?;
         stream.synchronize().map_err(cuda_err)?;
+        drop(scratch);
+        // rows past their length hold stale data from earlier launches
+        for (i, &l) in lens_h.iter().enumerate() {
+            if l != crate::flat::LEN_FALLBACK {
+                out_h[i * rm1 + l as usize..(i + 1) * rm1]
+                    .iter_mut()
+                    .for_each(|v| *v = 0);
+            }
+        }
         let mut m = Mapping {
             result_max,
             out: out_h,

@@ -4,6 +4,7 @@
 //! mapping on either device, bit-exact with `iolift-crush` (docs/offload.md).
 
 pub mod bench;
+pub mod crushtest;
 pub mod cuda;
 pub mod device;
 mod error;

@@ -236,6 +236,9 @@ fn write_corpus() {
     for (name, spec) in corpus_specs() {
         let map = compile_text(dir.path(), &name, &text_map(&spec));
         std::fs::copy(dir.path().join(format!("{name}.bin")), out.join(format!("{name}.bin"))).unwrap();
-        assert_eq!(iolift_crush::decode(&std::fs::read(out.join(format!("{name}.bin"))).unwrap()).unwrap(), map);
+        assert_eq!(
+            iolift_crush::decode(&std::fs::read(out.join(format!("{name}.bin"))).unwrap()).unwrap(),
+            map
+        );
     }
 }

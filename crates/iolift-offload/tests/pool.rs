@@ -249,3 +249,36 @@ fn whole_pool_matches_per_pg_placement() {
     let b = dev.map_on(0, &h, 0, Inputs::Pool(&pool), 3, &w).unwrap();
     assert_eq!(a, b);
 }
+
+/// `crush test --device` helper: walks the same (rule, numrep, x) range as
+/// the tester and counts what it compared.
+#[test]
+fn verify_test_range_walks_the_tester_range() {
+    use iolift_crush::tester::TestOptions;
+    let dev = Device::cpu(1).unwrap();
+    let map = straw2_map(40, 4, 2);
+    let o = TestOptions {
+        min_x: 0,
+        max_x: 99,
+        min_rule: 0,
+        max_rule: 0,
+        min_rep: 2,
+        max_rep: 4,
+        ..Default::default()
+    };
+    assert_eq!(
+        iolift_offload::crushtest::verify_test_range(&dev, &map, &o).unwrap(),
+        300
+    );
+    // default x (0..1023) and rules (all), pool-id hashing of x
+    let o = TestOptions {
+        pool_id: 5,
+        min_rep: 3,
+        max_rep: 3,
+        ..Default::default()
+    };
+    assert_eq!(
+        iolift_offload::crushtest::verify_test_range(&dev, &map, &o).unwrap(),
+        2 * 1024
+    );
+}
