@@ -242,3 +242,38 @@ fn write_corpus() {
         );
     }
 }
+
+/// The committed corpus (tests/maps, used by scripts/gpu-check.sh where
+/// crushtool is missing) still decodes and maps identically.
+#[test]
+fn committed_corpus_maps_match() {
+    let k = host_kernel();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/maps");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let map = iolift_crush::decode(&std::fs::read(&p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let ca = map.choose_args_for(0).cloned();
+        let flat = FlatMap::new(&map, ca.as_ref()).unwrap();
+        let w = vec![0x10000u32; map.max_devices as usize];
+        let xs: Vec<i32> = (0..100).collect();
+        let mut t = Tally { rows: 0, fallbacks: 0 };
+        for rule in 0..map.max_rules() {
+            let (out, lens) = k.run_thread(&flat, &w, rule, Some(&xs), xs.len(), 3, None);
+            compare(
+                &p.display().to_string(),
+                &map,
+                ca.as_ref(),
+                rule,
+                &xs,
+                3,
+                &w,
+                &out,
+                &lens,
+                &mut t,
+            );
+        }
+        n += 1;
+    }
+    assert!(n >= 15, "only {n} maps in {}", dir.display());
+}
