@@ -86,6 +86,9 @@ impl CudaDevice {
             // other stream reads them: cudarc's per-buffer events are not needed.
             // SAFETY: see above; no buffer is shared between streams while written.
             unsafe { ctx.disable_event_tracking() };
+            // do_rule keeps ~1 KiB of per-thread state (result/work arrays,
+            // sparse permutation) in non-inlined frames: give the stack room.
+            let _ = ctx.set_limit(cudarc::driver::sys::CUlimit::CU_LIMIT_STACK_SIZE, 4096);
             let (maj, min) = ctx.compute_capability().map_err(cuda_err)?;
             let arch: &'static str = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
             let (ptx, _) = cached_ptx(CRUSH_CU, "crush", arch)?;
