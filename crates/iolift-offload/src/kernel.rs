@@ -123,6 +123,26 @@ impl Nvrtc {
     /// Compile `src` to PTX for `arch` (e.g. "compute_90"). Errors carry the
     /// program log; warnings are returned next to the PTX.
     pub fn compile(&self, src: &str, name: &str, arch: &str) -> Result<(String, String)> {
+        let opts = [format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+        let (out, log) = self.compile_opts(src, name, &opts, true)?;
+        Ok((out.ptx, log))
+    }
+
+    /// Compile to a CUBIN for `sm` (e.g. "sm_90") through ptxas with `-v`:
+    /// (CUBIN size, log with registers / stack / spills per kernel). Needs
+    /// no GPU either.
+    pub fn compile_cubin(&self, src: &str, name: &str, sm: &str) -> Result<(usize, String)> {
+        let opts = [
+            format!("--gpu-architecture={sm}"),
+            "-std=c++17".into(),
+            "--ptxas-options=-v".into(),
+        ];
+        let (out, log) = self.compile_opts(src, name, &opts, false)?;
+        Ok((out.cubin_size, log))
+    }
+
+    /// Compile with `opts`; the PTX when `want_ptx`, else the CUBIN's size.
+    fn compile_opts(&self, src: &str, name: &str, opts: &[String], want_ptx: bool) -> Result<(Compiled, String)> {
         let create: CreateFn = self.sym(b"nvrtcCreateProgram\0")?;
         let compile: CompileFn = self.sym(b"nvrtcCompileProgram\0")?;
         let log_size: SizeFn = self.sym(b"nvrtcGetProgramLogSize\0")?;
@@ -132,10 +152,7 @@ impl Nvrtc {
         let destroy: DestroyFn = self.sym(b"nvrtcDestroyProgram\0")?;
         let csrc = CString::new(src).map_err(|_| OffloadError::Invalid("NUL in source".into()))?;
         let cname = CString::new(name).map_err(|_| OffloadError::Invalid("NUL in name".into()))?;
-        let opts: Vec<CString> = [format!("--gpu-architecture={arch}"), "-std=c++17".into()]
-            .into_iter()
-            .map(|s| CString::new(s).expect("no NUL"))
-            .collect();
+        let opts: Vec<CString> = opts.iter().map(|s| CString::new(s.as_str()).expect("no NUL")).collect();
         let optp: Vec<*const c_char> = opts.iter().map(|s| s.as_ptr()).collect();
         let mut prog: *mut c_void = std::ptr::null_mut();
         // SAFETY: NVRTC C API used as documented; all pointers outlive the calls.
@@ -165,6 +182,22 @@ impl Nvrtc {
                 destroy(&mut prog);
                 return Err(OffloadError::Compile(format!("{name} (nvrtc status {rc}):\n{log}")));
             }
+            if !want_ptx {
+                let cubin_size: SizeFn = self.sym(b"nvrtcGetCUBINSize\0")?;
+                let mut n = 0usize;
+                let rc = cubin_size(prog, &mut n);
+                destroy(&mut prog);
+                if rc != 0 || n == 0 {
+                    return Err(OffloadError::Compile(format!("{name}: no CUBIN (status {rc})\n{log}")));
+                }
+                return Ok((
+                    Compiled {
+                        ptx: String::new(),
+                        cubin_size: n,
+                    },
+                    log,
+                ));
+            }
             let mut n = 0usize;
             ptx_size(prog, &mut n);
             let mut buf = vec![0u8; n.max(1)];
@@ -173,9 +206,14 @@ impl Nvrtc {
             let ptx = CStr::from_bytes_until_nul(&buf)
                 .map(|c| c.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            Ok((ptx, log))
+            Ok((Compiled { ptx, cubin_size: 0 }, log))
         }
     }
+}
+
+struct Compiled {
+    ptx: String,
+    cubin_size: usize,
 }
 
 /// Directory of the on-disk PTX cache: `IOLIFT_KERNEL_CACHE`, else

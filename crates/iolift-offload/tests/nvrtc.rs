@@ -28,6 +28,30 @@ fn crush_kernels_compile_to_ptx() {
     }
 }
 
+/// Through ptxas to sm_90 machine code (still no GPU): resources per kernel.
+#[test]
+fn crush_kernels_assemble_for_sm_90() {
+    let n = nvrtc();
+    let (size, log) = n
+        .compile_cubin(CRUSH_CU, "crush.cu", "sm_90")
+        .unwrap_or_else(|e| panic!("ptxas: {e}"));
+    assert!(size > 1000, "CUBIN of {size} bytes");
+    for k in [KERNEL_THREAD, KERNEL_WARP] {
+        assert!(
+            log.contains(&format!("Compiling entry function '{k}' for 'sm_90'")),
+            "{log}"
+        );
+    }
+    eprintln!(
+        "{}",
+        log.lines()
+            .filter(|l| l.contains("registers") || l.contains("stack frame"))
+            .take(4)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 #[test]
 fn broken_source_reports_the_log() {
     let n = nvrtc();
