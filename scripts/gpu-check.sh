@@ -12,9 +12,17 @@
 # IOLIFT_KERNEL_CACHE (PTX cache dir; a cache filled elsewhere lets the GPU
 # run without NVRTC), CARGO_TARGET_DIR. Exit status: 0 when every check
 # passed; the timings are recorded either way.
+# Dry run of this script on a machine without a GPU (small sizes, CPU device):
+#   IOLIFT_CHECK_DEVICE=cpu IOLIFT_CHECK_QUICK=1 scripts/gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RANDOM_N=${IOLIFT_GPU_RANDOM:-10000000}
+DEV=${IOLIFT_CHECK_DEVICE:-gpu}
+QUICK=${IOLIFT_CHECK_QUICK:-0}
+if [[ "$QUICK" == 1 ]]; then
+    RANDOM_N=${IOLIFT_GPU_RANDOM:-20000}; PGS=4096; PGS4=8192; BATCH=1000; QF=--quick; OSDS2=1000
+else
+    RANDOM_N=${IOLIFT_GPU_RANDOM:-10000000}; PGS=1048576; PGS4=4194304; BATCH=1000000; QF=; OSDS2=10000
+fi
 OUT=${OUT:-target/gpu-check/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 LOG="$OUT/gpu-check.txt"
@@ -45,7 +53,7 @@ if [[ -z "$BIN" ]]; then
     run build cargo build --release -p iolift-offload || { log "build failed"; exit 1; }
     BIN=${CARGO_TARGET_DIR:-target}/release/iolift-offload
 fi
-run device "$BIN" info --device gpu || { log "no usable GPU: stopping (see $OUT/device.txt)"; exit 1; }
+run device "$BIN" info --device "$DEV" || { log "no usable GPU: stopping (see $OUT/device.txt)"; exit 1; }
 
 # 2. kernels compile (NVRTC) -- the device open above already compiled or loaded the cached PTX
 "$BIN" nvrtc --arch compute_90 >"$OUT/nvrtc.txt" 2>&1 || log "NVRTC not loadable here (the PTX cache was used)"
@@ -55,23 +63,23 @@ run device "$BIN" info --device gpu || { log "no usable GPU: stopping (see $OUT/
 #    x = 0..1023 for sizes 1/3/6 and $RANDOM_N random inputs per map.
 MAPS=()
 for f in crates/iolift-offload/tests/maps/*.bin; do MAPS+=(--map "$f"); done
-run check "$BIN" check --device gpu --random "$RANDOM_N" "${MAPS[@]}" --synthetic --osds 1000,10000
+run check "$BIN" check --device "$DEV" --random "$RANDOM_N" "${MAPS[@]}" --synthetic --osds 1000,$OSDS2
 
 # 4. the Rust test suite's GPU tests (corpus, pool on streams, whole pool)
-if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" ]]; then
+if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" && "$DEV" == gpu* ]]; then
     IOLIFT_GPU_TESTS=1 run gpu-tests cargo test --release -p iolift-offload --test gpu -- --nocapture
 fi
 
 # 5. timings (targets, H100: >= 1e8 mappings/s on 1,000 OSDs 3-replica;
 #    1M-PG pool on 10,000 OSDs < 100 ms; round trip <= 20 us; >= 1e7 tasks/s)
-run bench-gpu-1000 "$BIN" bench --device gpu --osds 1000 --pes 4 --max-batch 1000000
-run bench-gpu-10000 "$BIN" bench --device gpu --osds 10000 --pes 4 --max-batch 1000000
-run pool-gpu-rep "$BIN" pool --device gpu --osds 10000 --pg-num 1048576 --size 3
-run pool-gpu-ec "$BIN" pool --device gpu --osds 10000 --pg-num 1048576 --size 6 --ec
-run pool-gpu-4m "$BIN" pool --device gpu --osds 10000 --pg-num 4194304 --size 3
+run bench-dev-1000 "$BIN" bench --device "$DEV" --osds 1000 --pes 4 --max-batch $BATCH $QF
+run bench-dev-10000 "$BIN" bench --device "$DEV" --osds $OSDS2 --pes 4 --max-batch $BATCH $QF
+run pool-dev-rep "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 3
+run pool-dev-ec "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 6 --ec
+run pool-dev-4m "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS4 --size 3
 # the same on this machine's CPU cores, for the ratios
-run bench-cpu-1000 "$BIN" bench --device cpu --osds 1000 --max-batch 100000
-run pool-cpu-rep "$BIN" pool --device cpu --osds 10000 --pg-num 1048576 --size 3
+run bench-cpu-1000 "$BIN" bench --device cpu --osds 1000 --max-batch $((BATCH < 100000 ? BATCH : 100000)) $QF
+run pool-cpu-rep "$BIN" pool --device cpu --osds $OSDS2 --pg-num $PGS --size 3
 
 log "summary:"
 grep -h -E "mappings/s|round trip|tasks/s, batches of (1|1000|1000000):|whole pool|identical|MISMATCH|inputs compared" "$OUT"/check.txt "$OUT"/bench-*.txt "$OUT"/pool-*.txt 2>/dev/null | tee -a "$LOG"
