@@ -25,6 +25,9 @@ pub enum CrushCmd {
     Info(InfoArgs),
     /// Object name -> PG -> OSDs.
     MapObject(MapObjectArgs),
+    /// Offload benchmark (iolift-offload): mappings/s, single-task round trip
+    /// p50/p99 and tasks/s for batches of 1..--max-batch on a device.
+    Bench(BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -74,6 +77,30 @@ pub struct TestArgs {
     /// Where to write the report (crushtool writes it to stderr; default stdout).
     #[arg(short = 'o', long)]
     pub output: Option<String>,
+    /// Where to map: cpu, or gpu[:N] (iolift-offload): every mapping of the
+    /// test is computed on the device and checked against the CPU mapper
+    /// before the (then identical) report is written.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// cpu, cpu:N (N workers), gpu, gpu:N (GPU ordinal).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Processing elements: CPU workers / CUDA streams (0 = default).
+    #[arg(long, default_value_t = 0)]
+    pub pes: usize,
+    /// OSDs of the synthetic straw2 map (10 per host, 10 hosts per rack).
+    #[arg(long, default_value_t = 1000)]
+    pub osds: usize,
+    /// Largest batch of the tasks/s sweep (1, 10, ... up to this).
+    #[arg(long = "max-batch", default_value_t = 1_000_000)]
+    pub max_batch: usize,
+    /// Short runs (smoke test).
+    #[arg(long)]
+    pub quick: bool,
 }
 
 #[derive(Args, Debug)]
@@ -120,6 +147,16 @@ fn load(path: &str) -> Result<CrushMap> {
 pub fn run(a: CrushArgs) -> Result<ExitCode> {
     match a.cmd {
         CrushCmd::Test(t) => test(t),
+        CrushCmd::Bench(b) => {
+            let dev = std::sync::Arc::new(iolift_offload::Device::open(&b.device, b.pes)?);
+            let o = iolift_offload::bench::BenchOpts {
+                osds: b.osds,
+                max_batch: b.max_batch,
+                quick: b.quick,
+            };
+            iolift_offload::bench::report(dev, &o, &mut std::io::stdout())?;
+            Ok(ExitCode::SUCCESS)
+        }
         CrushCmd::Decompile(d) => {
             let map = load(&d.input)?;
             let text = iolift_crush::decompile::decompile(&map);
@@ -227,6 +264,10 @@ fn test(t: TestArgs) -> Result<ExitCode> {
     o.show_utilization = t.show_utilization;
     o.show_utilization_all = t.show_utilization_all;
 
+    if t.device != "cpu" {
+        let dev = iolift_offload::Device::open(&t.device, 0)?;
+        iolift_offload::crushtest::verify_test_range(&dev, &map, &o)?;
+    }
     let pool = {
         let mut b = rayon::ThreadPoolBuilder::new();
         if let Some(n) = t.threads {
