@@ -70,6 +70,22 @@ if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" && "$DEV" == gpu* ]]; then
     IOLIFT_GPU_TESTS=1 run gpu-tests cargo test --release -p iolift-offload --test gpu -- --nocapture
 fi
 
+# 4b. `iolift crush test --device gpu` gives the same report as --device cpu
+if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" ]] && cargo build --release -p iolift >"$OUT/build-iolift.txt" 2>&1; then
+    IOLIFT=${CARGO_TARGET_DIR:-target}/release/iolift
+    for f in crates/iolift-offload/tests/maps/straw2-choose_args-jewel.bin crates/iolift-offload/tests/maps/tree-argonaut-toptree.bin; do
+        b=$(basename "$f" .bin)
+        "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 99999 --device cpu >"$OUT/crush-test-$b-cpu.txt" 2>&1
+        if "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 99999 --device "$DEV" >"$OUT/crush-test-$b-dev.txt" 2>&1 &&
+            cmp -s "$OUT/crush-test-$b-cpu.txt" "$OUT/crush-test-$b-dev.txt"; then
+            log "crush test --device $DEV == --device cpu on $b"
+        else
+            log "crush test --device $DEV differs from --device cpu on $b (or failed)"; fail=1
+        fi
+    done
+    run crush-bench "$IOLIFT" crush bench --device "$DEV" --osds 1000 --max-batch $BATCH $QF
+fi
+
 # 5. timings (targets, H100: >= 1e8 mappings/s on 1,000 OSDs 3-replica;
 #    1M-PG pool on 10,000 OSDs < 100 ms; round trip <= 20 us; >= 1e7 tasks/s)
 run bench-dev-1000 "$BIN" bench --device "$DEV" --osds 1000 --pes 4 --max-batch $BATCH $QF
