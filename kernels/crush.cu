@@ -787,6 +787,24 @@ CR_EXTERN void crush_host_thread(const u32 *map, const s64 *lnt, const u32 *weig
     }
 }
 
+// Run the latency kernel's entry point as its grid would (32 threads per
+// input, blocks of 128): on the host each lane emulates the whole warp's
+// straw2 split and reduction itself, and lane 0 writes, as on the GPU.
+CR_EXTERN void crush_host_warp_grid(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno,
+                                    const s32 *xs, s32 x0, u32 n, u32 result_max, u32 pgp_num, u32 pgp_mask,
+                                    u32 pool_id, u32 flags, s32 *out, u32 *lens) {
+    blockDim.x = 128;
+    gridDim.x = (u32)(((u64)n * 32 + 127) / 128);
+    for (u32 b = 0; b < gridDim.x; b++) {
+        blockIdx.x = b;
+        for (u32 t = 0; t < 128; t++) {
+            threadIdx.x = t;
+            crush_map_warp(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags,
+                           out, lens);
+        }
+    }
+}
+
 // The latency kernel's per-input logic with the warp emulated: the straw2
 // draws are split over `lanes` lanes and combined by the butterfly order.
 CR_EXTERN void crush_host_warp(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno,

@@ -110,6 +110,20 @@ fn host_kernel_matches_cpu_mapper_on_corpus() {
                             &mut t,
                         );
                     }
+                    let g = &sub[..sub.len().min(20)];
+                    let (out, lens) = k.run_warp_grid(&flat, w, rule, g, rm);
+                    compare(
+                        &format!("{name} warp grid"),
+                        &map,
+                        ca.as_ref(),
+                        rule,
+                        g,
+                        rm,
+                        w,
+                        &out,
+                        &lens,
+                        &mut t,
+                    );
                 }
             }
         }
@@ -147,6 +161,19 @@ fn host_kernel_matches_cpu_mapper_on_straw2_1000() {
                     None,
                     rule,
                     &xs[..300],
+                    rm,
+                    &w,
+                    &out,
+                    &lens,
+                    &mut t,
+                );
+                let (out, lens) = k.run_warp_grid(&flat, &w, rule, &xs[..40], rm);
+                compare(
+                    "straw2-1000 warp grid",
+                    &map,
+                    None,
+                    rule,
+                    &xs[..40],
                     rm,
                     &w,
                     &out,

@@ -41,6 +41,7 @@ type WarpFn =
 pub struct HostKernel {
     _lib: libloading::Library,
     thread: ThreadFn,
+    warp_grid: ThreadFn,
     warp: WarpFn,
     _dir: tempfile::TempDir,
 }
@@ -79,9 +80,11 @@ pub fn host_kernel() -> &'static HostKernel {
             let lib = libloading::Library::new(&so).unwrap();
             let thread = *lib.get::<ThreadFn>(b"crush_host_thread\0").unwrap();
             let warp = *lib.get::<WarpFn>(b"crush_host_warp\0").unwrap();
+            let warp_grid = *lib.get::<ThreadFn>(b"crush_host_warp_grid\0").unwrap();
             HostKernel {
                 _lib: lib,
                 thread,
+                warp_grid,
                 warp,
                 _dir: dir,
             }
@@ -131,6 +134,41 @@ impl HostKernel {
                 p.pgp_mask,
                 p.pool_id,
                 flags,
+                out.as_mut_ptr(),
+                lens.as_mut_ptr(),
+            )
+        };
+        (out, lens)
+    }
+
+    /// The latency kernel's entry point run as its grid (32 threads per input).
+    pub fn run_warp_grid(
+        &self,
+        f: &FlatMap,
+        weights: &[u32],
+        rule: i32,
+        xs: &[i32],
+        result_max: usize,
+    ) -> (Vec<i32>, Vec<u32>) {
+        let n = xs.len();
+        let mut out = vec![0i32; n * result_max];
+        let mut lens = vec![0u32; n];
+        // SAFETY: buffers sized as the kernel expects.
+        unsafe {
+            (self.warp_grid)(
+                f.words.as_ptr(),
+                f.ln.as_ptr(),
+                weights.as_ptr(),
+                weights.len() as u32,
+                rule,
+                xs.as_ptr(),
+                0,
+                n as u32,
+                result_max as u32,
+                0,
+                0,
+                0,
+                0,
                 out.as_mut_ptr(),
                 lens.as_mut_ptr(),
             )
