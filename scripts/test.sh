@@ -74,5 +74,5 @@ command -v cargo >/dev/null || { log "cargo not found: install Rust (https://rus
 log "cargo $(cargo --version | cut -d' ' -f2), $(nproc) cores, CI=${CI:-}"
 start=$(date +%s)
 cargo build --release --workspace
-cargo test --release --workspace "$@"
+cargo test --release --workspace --no-fail-fast "$@"
 log "suite passed in $(( $(date +%s) - start )) s"
