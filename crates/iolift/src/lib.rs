@@ -8,8 +8,8 @@
 pub mod backend;
 pub mod block;
 pub mod cli;
-pub mod fuse;
 pub mod config;
+pub mod fuse;
 pub mod nbd;
 pub mod stage;
 pub mod util;
