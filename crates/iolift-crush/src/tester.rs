@@ -1,5 +1,6 @@
-//! `crushtool --test` re-implementation: same inputs, same text (crushtool
-//! prints all of it on stderr; we write it to any `Write`).
+//! `crushtool --test` re-implementation: same inputs, same text. crushtool
+//! prints the report on stdout and the device weights line of
+//! `--show-utilization-all` on stderr; [`run_test`] takes a writer for each.
 
 use crate::map::*;
 use crate::mapper::map_batch;
@@ -155,6 +156,7 @@ pub fn run_test(
     map: &CrushMap,
     o: &TestOptions,
     out: &mut dyn Write,
+    err: &mut dyn Write,
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let io = |e: std::io::Error| CrushError::Invalid(format!("write failed: {e}"));
@@ -173,14 +175,17 @@ pub fn run_test(
     let weight = test_weights(map, &o.weights);
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     if o.show_utilization_all {
-        buf.extend_from_slice(b"devices weights (hex): [");
+        // crushtool writes this one line to stderr.
+        let mut line = Vec::with_capacity(8 * weight.len() + 32);
+        line.extend_from_slice(b"devices weights (hex): [");
         for (i, w) in weight.iter().enumerate() {
             if i > 0 {
-                buf.push(b',');
+                line.push(b',');
             }
-            let _ = write!(buf, "{w:x}");
+            let _ = write!(line, "{w:x}");
         }
-        buf.extend_from_slice(b"]\n");
+        line.extend_from_slice(b"]\n");
+        err.write_all(&line).map_err(io)?;
     }
     let cargs = map.choose_args_for(0);
     let ndev = weight.len();

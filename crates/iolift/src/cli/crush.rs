@@ -301,14 +301,14 @@ fn test(t: TestArgs) -> Result<ExitCode> {
         Some(p) => {
             let f = std::fs::File::create(p).with_context(|| format!("creating {p}"))?;
             let mut w = std::io::BufWriter::new(f);
-            run_test(&map, &o, &mut w, &mut progress)?;
+            run_test(&map, &o, &mut w, &mut std::io::stderr(), &mut progress)?;
             w.flush()?;
             anyhow::Ok(())
         }
         None => {
             let stdout = std::io::stdout();
             let mut w = std::io::BufWriter::new(stdout.lock());
-            run_test(&map, &o, &mut w, &mut progress)?;
+            run_test(&map, &o, &mut w, &mut std::io::stderr(), &mut progress)?;
             w.flush()?;
             anyhow::Ok(())
         }
