@@ -5,9 +5,12 @@
 //! [`wire::decode_request`], reads write payloads straight into a
 //! `BytesMut` and submits to the device. A request whose future is already
 //! complete on the first poll (the memory and null backends) is answered
-//! without spawning; others get a task. Completions go through an unbounded
-//! channel to the writer task, which encodes replies into one buffer and
-//! writes it when the channel is empty (batching at queue depth > 1).
+//! by the reader itself: its reply is encoded into the reader's batch
+//! buffer, written just before the reader would wait for the socket again
+//! (so a burst of 32 requests gets one write, and queue depth 1 needs no
+//! task switch). Other requests get a task; their completions go through
+//! an unbounded channel to the writer task, which batches the same way.
+//! Both write through one `tokio::sync::Mutex` around the write half.
 //! In-flight memory is capped per connection by a semaphore counted in
 //! bytes, so a client that never reads its replies stops being read.
 
@@ -21,7 +24,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Mutex, OwnedSemaphorePermit, Semaphore};
 
 /// Fixed cost charged per request against the in-flight cap, so that
 /// payload-free requests are bounded too.
@@ -294,7 +297,14 @@ async fn transmission<R, W>(
     let s = neg.session;
     let dev = neg.export.dev.clone();
     let (tx, rx) = mpsc::unbounded_channel::<Done>();
-    let writer = tokio::spawn(writer(wr, rx, s.structured, peer.clone()));
+    let out = Arc::new(Mutex::new(Out {
+        w: wr,
+        failed: false,
+    }));
+    let writer = tokio::spawn(writer(out.clone(), rx, s.structured, peer.clone()));
+    // Replies of requests that completed at once, written by this task
+    // before it waits for the socket again.
+    let mut local = BytesMut::with_capacity(BATCH_LIMIT + COPY_LIMIT + 64);
     let cap = server
         .cfg
         .inflight_bytes
@@ -307,6 +317,9 @@ async fn transmission<R, W>(
         let r = if rd.buffer().len() >= REQUEST_LEN {
             rd.read_exact(&mut hb).await
         } else {
+            if !local.is_empty() && !out_write(&out, &mut local, None, &peer).await {
+                break;
+            }
             tokio::select! {
                 r = rd.read_exact(&mut hb) => r,
                 _ = super::stopped(&mut shutdown) => {
@@ -373,7 +386,7 @@ async fn transmission<R, W>(
                 }
                 tracing::debug!(%peer, cmd = cmd_name(h.cmd), offset = h.offset, len = h.len, "rejected: {errno:?}");
                 done.result = Err(errno);
-                let _ = tx.send(done);
+                encode(&mut local, done, s.structured);
                 continue;
             }
             Action::Write { offset, len, flags } => {
@@ -405,7 +418,12 @@ async fn transmission<R, W>(
         match poll_once(&mut fut) {
             Some(c) => {
                 done.result = c;
-                let _ = tx.send(done);
+                let big = encode(&mut local, done, s.structured);
+                if (big.is_some() || local.len() >= BATCH_LIMIT)
+                    && !out_write(&out, &mut local, big.as_deref(), &peer).await
+                {
+                    break;
+                }
             }
             None => {
                 let tx = tx.clone();
@@ -416,9 +434,53 @@ async fn transmission<R, W>(
             }
         }
     }
+    if !local.is_empty() {
+        out_write(&out, &mut local, None, &peer).await;
+    }
     drop(tx);
     // The writer ends once every in-flight request has been answered.
     let _ = writer.await;
+    let mut o = out.lock().await;
+    if !o.failed {
+        let _ = o.w.shutdown().await;
+    }
+}
+
+/// The socket's write half, shared by the reader (replies of requests that
+/// completed at once) and the writer task (the others).
+struct Out<W> {
+    w: W,
+    /// A write failed: the client is gone, further replies are dropped.
+    failed: bool,
+}
+
+/// Writes `buf` (then clears it) and `big`, and flushes. False if the
+/// connection can no longer be written.
+async fn out_write<W: AsyncWrite + Unpin>(
+    out: &Mutex<Out<W>>,
+    buf: &mut BytesMut,
+    big: Option<&[u8]>,
+    peer: &str,
+) -> bool {
+    let mut o = out.lock().await;
+    if o.failed {
+        buf.clear();
+        return false;
+    }
+    let mut r = o.w.write_all(buf).await;
+    buf.clear();
+    if let (Ok(()), Some(b)) = (&r, big) {
+        r = o.w.write_all(b).await;
+    }
+    if r.is_ok() {
+        r = o.w.flush().await;
+    }
+    if let Err(e) = r {
+        tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
+        o.failed = true;
+        return false;
+    }
+    true
 }
 
 /// Encodes one reply into `out`; returns large read data to be written
@@ -477,60 +539,31 @@ fn encode_error(out: &mut BytesMut, cookie: u64, e: Errno, structured: bool, chu
 }
 
 async fn writer<W: AsyncWrite + Unpin>(
-    mut wr: W,
+    out: Arc<Mutex<Out<W>>>,
     mut rx: mpsc::UnboundedReceiver<Done>,
     structured: bool,
     peer: String,
 ) {
-    let mut out = BytesMut::with_capacity(BATCH_LIMIT + COPY_LIMIT + 64);
-    let mut failed = false;
+    let mut buf = BytesMut::with_capacity(BATCH_LIMIT + COPY_LIMIT + 64);
+    let mut ok = true;
     while let Some(d) = rx.recv().await {
-        if failed {
+        if !ok {
             continue;
         }
         let mut next = Some(d);
-        let mut res = Ok(());
         while let Some(d) = next.take() {
-            if let Some(big) = encode(&mut out, d, structured) {
-                res = write_two(&mut wr, &mut out, &big).await;
-                if res.is_err() {
-                    break;
-                }
-            }
-            if out.len() >= BATCH_LIMIT {
-                res = wr.write_all(&out).await;
-                out.clear();
-                if res.is_err() {
+            let big = encode(&mut buf, d, structured);
+            if big.is_some() || buf.len() >= BATCH_LIMIT {
+                ok = out_write(&out, &mut buf, big.as_deref(), &peer).await;
+                if !ok {
                     break;
                 }
             }
             next = rx.try_recv().ok();
         }
-        if res.is_ok() && !out.is_empty() {
-            res = wr.write_all(&out).await;
+        if ok && !buf.is_empty() {
+            ok = out_write(&out, &mut buf, None, &peer).await;
         }
-        out.clear();
-        if res.is_ok() {
-            res = wr.flush().await;
-        }
-        if let Err(e) = res {
-            tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
-            failed = true;
-        }
+        buf.clear();
     }
-    if !failed {
-        let _ = wr.shutdown().await;
-    }
-}
-
-async fn write_two<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    out: &mut BytesMut,
-    big: &[u8],
-) -> std::io::Result<()> {
-    if !out.is_empty() {
-        wr.write_all(out).await?;
-        out.clear();
-    }
-    wr.write_all(big).await
 }
