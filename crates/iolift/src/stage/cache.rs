@@ -125,6 +125,8 @@ struct Entry {
     /// Generation of the newest snapshot written back.
     flushed_gen: u64,
     dirty_since: Instant,
+    /// Position in the dirty FIFO; dirty entries only.
+    dirty_seq: u64,
     /// LRU position; clean entries only.
     tick: Option<u64>,
 }
@@ -145,6 +147,8 @@ struct State {
     /// Clean entries by last use.
     lru: BTreeMap<u64, u64>,
     dirty: BTreeSet<u64>,
+    /// Dirty blocks, oldest first.
+    dirty_fifo: BTreeMap<u64, u64>,
     bytes: u64,
     dirty_bytes: u64,
     tick: u64,
@@ -330,6 +334,7 @@ impl Inner {
                 st.lru.remove(&t);
             }
             if e.dirty {
+                st.dirty_fifo.remove(&e.dirty_seq);
                 st.dirty.remove(&b);
                 st.dirty_bytes -= e.data.len() as u64;
             }
@@ -352,6 +357,7 @@ impl Inner {
                 gen: g,
                 flushed_gen: g,
                 dirty_since: Instant::now(),
+                dirty_seq: 0,
                 tick: Some(t),
             },
         );
@@ -365,6 +371,9 @@ impl Inner {
         if !e.dirty {
             e.dirty = true;
             e.dirty_since = Instant::now();
+            st.tick += 1;
+            e.dirty_seq = st.tick;
+            st.dirty_fifo.insert(st.tick, b);
             if let Some(t) = e.tick.take() {
                 st.lru.remove(&t);
             }
@@ -677,6 +686,7 @@ impl Inner {
                         gen: 0,
                         flushed_gen: 0,
                         dirty_since: Instant::now(),
+                        dirty_seq: 0,
                         tick: None,
                     },
                 );
@@ -794,6 +804,8 @@ impl Inner {
                         en.dirty = false;
                         en.tick = Some(t);
                         let l = en.data.len() as u64;
+                        let seq = en.dirty_seq;
+                        st.dirty_fifo.remove(&seq);
                         st.lru.insert(t, x);
                         st.dirty.remove(&x);
                         st.dirty_bytes -= l;
@@ -850,27 +862,20 @@ impl Inner {
             let cand: Vec<u64> = {
                 let st = self.lock();
                 let now = Instant::now();
-                let mut cand: Vec<u64> = st
-                    .dirty
-                    .iter()
-                    .copied()
-                    .filter(|b| now.duration_since(st.map[b].dirty_since) >= self.cfg.max_age)
-                    .collect();
-                if st.dirty_bytes > self.cfg.dirty_target {
-                    let mut by_age: Vec<(Instant, u64)> = st
-                        .dirty
-                        .iter()
-                        .map(|b| (st.map[b].dirty_since, *b))
-                        .collect();
-                    by_age.sort_unstable();
-                    let mut over = st.dirty_bytes - self.cfg.dirty_target;
-                    for (_, b) in by_age {
-                        if over == 0 {
-                            break;
-                        }
-                        over = over.saturating_sub(self.blk_len(b));
-                        cand.push(b);
+                // Oldest first: those past max_age, then enough to get
+                // down to the target; at most 4096 blocks a pass.
+                let mut over = st.dirty_bytes.saturating_sub(self.cfg.dirty_target);
+                let mut cand: Vec<u64> = Vec::new();
+                for (_, &b) in st.dirty_fifo.iter().take(4096) {
+                    let old = st
+                        .map
+                        .get(&b)
+                        .is_some_and(|e| now.duration_since(e.dirty_since) >= self.cfg.max_age);
+                    if !old && over == 0 {
+                        break;
                     }
+                    over = over.saturating_sub(self.blk_len(b));
+                    cand.push(b);
                 }
                 cand.sort_unstable();
                 cand.dedup();
