@@ -5,7 +5,11 @@
 //! not allocate once the workspace is sized.
 
 // The control flow deliberately mirrors mapper.c branch for branch.
-#![allow(clippy::collapsible_match, clippy::collapsible_if, clippy::if_same_then_else)]
+#![allow(
+    clippy::collapsible_match,
+    clippy::collapsible_if,
+    clippy::if_same_then_else
+)]
 
 use crate::hash::{hash32_2, hash32_3, hash32_4};
 use crate::ln::ln_minus_one;

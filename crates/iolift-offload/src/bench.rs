@@ -168,7 +168,11 @@ pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> 
         1_000_000
     };
     let r = mappings_per_sec(&dev, &h, RULE_REPLICATED, n, 3, &weights, 3)?;
-    writeln!(out, "mappings/s (batch of {n}, whole device, median of 3): {r:.3e}").map_err(io)?;
+    writeln!(
+        out,
+        "mappings/s (batch of {n}, whole device, median of 3): {r:.3e}"
+    )
+    .map_err(io)?;
     let pool = bench_pool(
         dev.clone(),
         h.clone(),
@@ -186,7 +190,11 @@ pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> 
     .map_err(io)?;
     let mut b = 1usize;
     while b <= o.max_batch {
-        let tps = tasks_per_sec(&pool, b, Duration::from_millis(if o.quick { 50 } else { 500 }))?;
+        let tps = tasks_per_sec(
+            &pool,
+            b,
+            Duration::from_millis(if o.quick { 50 } else { 500 }),
+        )?;
         writeln!(out, "tasks/s, batches of {b}: {tps:.3e}").map_err(io)?;
         b *= 10;
     }

@@ -5,7 +5,9 @@
 use crate::device::{fix_fallbacks, kernel_fits, pool_kernel_params, Inputs, MapHandle, Mapping};
 use crate::error::{OffloadError, Result};
 use crate::kernel::{cached_ptx, CRUSH_CU, KERNEL_THREAD, KERNEL_WARP};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
@@ -42,7 +44,11 @@ fn ensure<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     n: usize,
 ) -> Result<()> {
     if buf.as_ref().is_none_or(|b| b.len() < n) {
-        *buf = Some(stream.alloc_zeros::<T>(n.next_power_of_two()).map_err(cuda_err)?);
+        *buf = Some(
+            stream
+                .alloc_zeros::<T>(n.next_power_of_two())
+                .map_err(cuda_err)?,
+        );
     }
     Ok(())
 }
@@ -81,7 +87,8 @@ impl CudaDevice {
                     "GPU {ordinal} requested, {n} CUDA device(s) present"
                 )));
             }
-            let ctx = CudaContext::new(ordinal).map_err(|e| OffloadError::NoGpu(format!("{e:?}")))?;
+            let ctx =
+                CudaContext::new(ordinal).map_err(|e| OffloadError::NoGpu(format!("{e:?}")))?;
             // Buffers are per stream, or uploaded and synchronised before any
             // other stream reads them: cudarc's per-buffer events are not needed.
             // SAFETY: see above; no buffer is shared between streams while written.
@@ -152,7 +159,12 @@ impl CudaDevice {
         Ok(m)
     }
 
-    fn gpu_weights(&self, m: &GpuMap, stream: &Arc<CudaStream>, w: &[u32]) -> Result<Arc<CudaSlice<u32>>> {
+    fn gpu_weights(
+        &self,
+        m: &GpuMap,
+        stream: &Arc<CudaStream>,
+        w: &[u32],
+    ) -> Result<Arc<CudaSlice<u32>>> {
         let mut g = m.weights.lock().expect("weights lock");
         if let Some((host, dev)) = g.as_ref() {
             if host.as_slice() == w {
@@ -211,7 +223,9 @@ impl CudaDevice {
         );
         let (x0, pgp_num, pgp_mask, pool_id, flags) = match inputs {
             Inputs::Xs(xs) => {
-                stream.memcpy_htod(xs, &mut xs_dev.slice_mut(0..n)).map_err(cuda_err)?;
+                stream
+                    .memcpy_htod(xs, &mut xs_dev.slice_mut(0..n))
+                    .map_err(cuda_err)?;
                 (0i32, 0u32, 0u32, 0u32, 0u32)
             }
             Inputs::Pool(p) => {
@@ -237,7 +251,11 @@ impl CudaDevice {
         };
         let null_xs: u64 = 0;
         let mut lb = stream.launch_builder(func);
-        lb.arg(&gm.words).arg(&gm.ln).arg(wdev.as_ref()).arg(&wmax).arg(&rule);
+        lb.arg(&gm.words)
+            .arg(&gm.ln)
+            .arg(wdev.as_ref())
+            .arg(&wmax)
+            .arg(&rule);
         if has_xs {
             lb.arg(&*xs_dev);
         } else {
@@ -255,7 +273,9 @@ impl CudaDevice {
         // SAFETY: argument list matches the kernel signature in kernels/crush.cu.
         unsafe { lb.launch(cfg) }.map_err(cuda_err)?;
         let lens_h = stream.clone_dtoh(&lens.slice(0..n)).map_err(cuda_err)?;
-        let mut out_h = stream.clone_dtoh(&out.slice(0..n * rm1)).map_err(cuda_err)?;
+        let mut out_h = stream
+            .clone_dtoh(&out.slice(0..n * rm1))
+            .map_err(cuda_err)?;
         stream.synchronize().map_err(cuda_err)?;
         drop(scratch);
         // rows past their length hold stale data from earlier launches

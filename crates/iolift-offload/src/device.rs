@@ -81,7 +81,14 @@ impl Inputs<'_> {
 }
 
 /// Map one input with the CPU mapper.
-pub fn map_one_cpu(h: &MapHandle, rule: i32, x: i32, weights: &[u32], ws: &mut Workspace, row: &mut [i32]) -> u32 {
+pub fn map_one_cpu(
+    h: &MapHandle,
+    rule: i32,
+    x: i32,
+    weights: &[u32],
+    ws: &mut Workspace,
+    row: &mut [i32],
+) -> u32 {
     do_rule(&h.map, rule, x, row, weights, ws, h.choose_args.as_ref()) as u32
 }
 
@@ -103,7 +110,14 @@ impl CpuDevice {
     }
 
     /// Map on the calling thread (one processing element).
-    pub fn map_inline(&self, h: &MapHandle, rule: i32, inputs: Inputs, result_max: usize, weights: &[u32]) -> Mapping {
+    pub fn map_inline(
+        &self,
+        h: &MapHandle,
+        rule: i32,
+        inputs: Inputs,
+        result_max: usize,
+        weights: &[u32],
+    ) -> Mapping {
         let n = inputs.len();
         let mut out = vec![0i32; n * result_max];
         let mut lens = vec![0u32; n];
@@ -176,7 +190,9 @@ impl Device {
     /// `workers` CPU threads (0 = number of CPUs).
     pub fn cpu(workers: usize) -> Result<Device> {
         let n = if workers == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
         } else {
             workers
         };
@@ -186,7 +202,9 @@ impl Device {
     /// GPU `ordinal` with `streams` processing elements. Without a driver or
     /// GPU: `OffloadError::NoGpu` with the reason.
     pub fn cuda(ordinal: usize, streams: usize) -> Result<Device> {
-        Ok(Device::Cuda(crate::cuda::CudaDevice::new(ordinal, streams)?))
+        Ok(Device::Cuda(crate::cuda::CudaDevice::new(
+            ordinal, streams,
+        )?))
     }
 
     /// "cpu", "cpu:N", "gpu", "cuda", "gpu:N" (ordinal).
@@ -247,7 +265,14 @@ impl Device {
     }
 
     /// Map a batch using the whole device (all workers / the GPU).
-    pub fn map(&self, h: &MapHandle, rule: i32, inputs: Inputs, result_max: usize, weights: &[u32]) -> Result<Mapping> {
+    pub fn map(
+        &self,
+        h: &MapHandle,
+        rule: i32,
+        inputs: Inputs,
+        result_max: usize,
+        weights: &[u32],
+    ) -> Result<Mapping> {
         check_args(h, rule, result_max)?;
         match self {
             Device::Cpu(c) => Ok(c.map_parallel(h, rule, inputs, result_max, weights)),
@@ -257,9 +282,18 @@ impl Device {
 
     /// Whole-pool mapping: every PG 0..pg_num of `pool` through `rule`,
     /// `size` replicas (firstn) or shards (indep), in one call.
-    pub fn map_pool(&self, h: &MapHandle, pool: &Pool, rule: i32, size: usize, weights: &[u32]) -> Result<Mapping> {
+    pub fn map_pool(
+        &self,
+        h: &MapHandle,
+        pool: &Pool,
+        rule: i32,
+        size: usize,
+        weights: &[u32],
+    ) -> Result<Mapping> {
         if pool.pg_num == 0 || pool.pgp_num == 0 {
-            return Err(OffloadError::Invalid("pg_num and pgp_num must be > 0".into()));
+            return Err(OffloadError::Invalid(
+                "pg_num and pgp_num must be > 0".into(),
+            ));
         }
         self.map(h, rule, Inputs::Pool(pool), size, weights)
     }
@@ -270,18 +304,31 @@ fn check_args(h: &MapHandle, rule: i32, result_max: usize) -> Result<()> {
         return Err(OffloadError::Invalid(format!("no rule {rule} in the map")));
     }
     if result_max > 1 << 16 {
-        return Err(OffloadError::Invalid(format!("result size {result_max} too large")));
+        return Err(OffloadError::Invalid(format!(
+            "result size {result_max} too large"
+        )));
     }
     Ok(())
 }
 
 /// Pool parameters the kernel needs to compute pps itself.
 pub(crate) fn pool_kernel_params(p: &Pool) -> (u32, u32, u32, u32) {
-    (p.pgp_num, pg_mask(p.pgp_num), p.id as u32, p.hashpspool as u32)
+    (
+        p.pgp_num,
+        pg_mask(p.pgp_num),
+        p.id as u32,
+        p.hashpspool as u32,
+    )
 }
 
 /// Recompute on the host the inputs a kernel handed back.
-pub(crate) fn fix_fallbacks(h: &MapHandle, rule: i32, inputs: Inputs, weights: &[u32], m: &mut Mapping) {
+pub(crate) fn fix_fallbacks(
+    h: &MapHandle,
+    rule: i32,
+    inputs: Inputs,
+    weights: &[u32],
+    m: &mut Mapping,
+) {
     let rm = m.result_max;
     let mut ws: Option<Workspace> = None;
     for i in 0..m.lens.len() {

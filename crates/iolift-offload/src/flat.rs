@@ -34,8 +34,14 @@ pub const LEN_FALLBACK: u32 = u32::MAX;
 /// `crush_ln(u) - 2^48` for every 16-bit `u`: the straw2 draw numerators.
 pub fn ln_table() -> Arc<Vec<i64>> {
     static T: OnceLock<Arc<Vec<i64>>> = OnceLock::new();
-    T.get_or_init(|| Arc::new((0..0x10000u32).map(iolift_crush::ln::ln_minus_one).collect()))
-        .clone()
+    T.get_or_init(|| {
+        Arc::new(
+            (0..0x10000u32)
+                .map(iolift_crush::ln::ln_minus_one)
+                .collect(),
+        )
+    })
+    .clone()
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);

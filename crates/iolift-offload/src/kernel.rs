@@ -62,7 +62,10 @@ pub fn nvrtc_candidates() -> Vec<PathBuf> {
         }
     }
     if let Ok(out) = std::process::Command::new("python3")
-        .args(["-c", "import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0])"])
+        .args([
+            "-c",
+            "import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0])",
+        ])
         .output()
     {
         if out.status.success() {
@@ -87,7 +90,10 @@ impl Nvrtc {
             }
             // SAFETY: loading a shared library runs its initialisers; libnvrtc's are benign.
             if let Ok(lib) = unsafe { libloading::Library::new(p) } {
-                let n = Nvrtc { lib, path: p.clone() };
+                let n = Nvrtc {
+                    lib,
+                    path: p.clone(),
+                };
                 if n.version().is_ok() {
                     return Ok(n);
                 }
@@ -142,7 +148,13 @@ impl Nvrtc {
     }
 
     /// Compile with `opts`; the PTX when `want_ptx`, else the CUBIN's size.
-    fn compile_opts(&self, src: &str, name: &str, opts: &[String], want_ptx: bool) -> Result<(Compiled, String)> {
+    fn compile_opts(
+        &self,
+        src: &str,
+        name: &str,
+        opts: &[String],
+        want_ptx: bool,
+    ) -> Result<(Compiled, String)> {
         let create: CreateFn = self.sym(b"nvrtcCreateProgram\0")?;
         let compile: CompileFn = self.sym(b"nvrtcCompileProgram\0")?;
         let log_size: SizeFn = self.sym(b"nvrtcGetProgramLogSize\0")?;
@@ -152,7 +164,10 @@ impl Nvrtc {
         let destroy: DestroyFn = self.sym(b"nvrtcDestroyProgram\0")?;
         let csrc = CString::new(src).map_err(|_| OffloadError::Invalid("NUL in source".into()))?;
         let cname = CString::new(name).map_err(|_| OffloadError::Invalid("NUL in name".into()))?;
-        let opts: Vec<CString> = opts.iter().map(|s| CString::new(s.as_str()).expect("no NUL")).collect();
+        let opts: Vec<CString> = opts
+            .iter()
+            .map(|s| CString::new(s.as_str()).expect("no NUL"))
+            .collect();
         let optp: Vec<*const c_char> = opts.iter().map(|s| s.as_ptr()).collect();
         let mut prog: *mut c_void = std::ptr::null_mut();
         // SAFETY: NVRTC C API used as documented; all pointers outlive the calls.
@@ -166,7 +181,9 @@ impl Nvrtc {
                 std::ptr::null(),
             );
             if rc != 0 {
-                return Err(OffloadError::Compile(format!("nvrtcCreateProgram failed ({rc})")));
+                return Err(OffloadError::Compile(format!(
+                    "nvrtcCreateProgram failed ({rc})"
+                )));
             }
             let rc = compile(prog, optp.len() as c_int, optp.as_ptr());
             let mut n = 0usize;
@@ -180,7 +197,9 @@ impl Nvrtc {
             }
             if rc != 0 {
                 destroy(&mut prog);
-                return Err(OffloadError::Compile(format!("{name} (nvrtc status {rc}):\n{log}")));
+                return Err(OffloadError::Compile(format!(
+                    "{name} (nvrtc status {rc}):\n{log}"
+                )));
             }
             if !want_ptx {
                 let cubin_size: SizeFn = self.sym(b"nvrtcGetCUBINSize\0")?;
@@ -188,7 +207,9 @@ impl Nvrtc {
                 let rc = cubin_size(prog, &mut n);
                 destroy(&mut prog);
                 if rc != 0 || n == 0 {
-                    return Err(OffloadError::Compile(format!("{name}: no CUBIN (status {rc})\n{log}")));
+                    return Err(OffloadError::Compile(format!(
+                        "{name}: no CUBIN (status {rc})\n{log}"
+                    )));
                 }
                 return Ok((
                     Compiled {

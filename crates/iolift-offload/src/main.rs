@@ -49,10 +49,14 @@ impl Args {
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = argv.first().cloned() else {
-        eprintln!("usage: iolift-offload info|nvrtc|check|bench|pool [options] (see docs/offload.md)");
+        eprintln!(
+            "usage: iolift-offload info|nvrtc|check|bench|pool [options] (see docs/offload.md)"
+        );
         return ExitCode::from(2);
     };
-    let a = Args { v: argv[1..].to_vec() };
+    let a = Args {
+        v: argv[1..].to_vec(),
+    };
     let r = match cmd.as_str() {
         "info" => info(&a),
         "nvrtc" => nvrtc(&a),
@@ -72,7 +76,8 @@ fn main() -> ExitCode {
 
 fn open(a: &Args) -> Result<Device, String> {
     let spec = a.opt("--device").unwrap_or_else(|| "cpu".into());
-    Device::open(&spec, a.num("--pes", 0).map_err(|e| e.to_string())?).map_err(|e: OffloadError| e.to_string())
+    Device::open(&spec, a.num("--pes", 0).map_err(|e| e.to_string())?)
+        .map_err(|e: OffloadError| e.to_string())
 }
 
 fn info(a: &Args) -> Result<(), String> {
@@ -86,7 +91,9 @@ fn nvrtc(a: &Args) -> Result<(), String> {
     let arch = a.opt("--arch").unwrap_or_else(|| "compute_90".into());
     let n = Nvrtc::load().map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let (ptx, log) = n.compile(CRUSH_CU, "crush.cu", &arch).map_err(|e| e.to_string())?;
+    let (ptx, log) = n
+        .compile(CRUSH_CU, "crush.cu", &arch)
+        .map_err(|e| e.to_string())?;
     println!(
         "nvrtc {:?} at {}: crush.cu -> {} bytes of PTX for {arch} in {:.2?}",
         n.version().unwrap_or((0, 0)),
@@ -132,7 +139,9 @@ fn check(a: &Args) -> Result<(), String> {
     for (name, map) in maps(a, "1000,10000")? {
         let weights = vec![0x10000u32; map.max_devices.max(0) as usize];
         let h = MapHandle::new(map, Some(0)).map_err(|e| e.to_string())?;
-        let rules: Vec<i32> = (0..h.map.max_rules()).filter(|&r| h.map.rule(r).is_some()).collect();
+        let rules: Vec<i32> = (0..h.map.max_rules())
+            .filter(|&r| h.map.rule(r).is_some())
+            .collect();
         let sizes = [1usize, 3, 6];
         let per = nrand / (rules.len() * sizes.len()).max(1);
         let mut map_n = 0usize;
@@ -167,7 +176,11 @@ fn check(a: &Args) -> Result<(), String> {
         println!(
             "{name}: {} rules x sizes {sizes:?}, {map_n} inputs: {} ({:.3e} mappings/s on {})",
             rules.len(),
-            if bad == 0 { "identical so far" } else { "MISMATCHES" },
+            if bad == 0 {
+                "identical so far"
+            } else {
+                "MISMATCHES"
+            },
             map_n as f64 / map_t,
             dev.name()
         );
@@ -196,7 +209,11 @@ fn pool(a: &Args) -> Result<(), String> {
     let osds = a.num("--osds", 10_000)?;
     let pg_num = a.num("--pg-num", 1 << 20)? as u32;
     let size = a.num("--size", 3)?;
-    let rule = if a.flag("--ec") { RULE_EC } else { RULE_REPLICATED };
+    let rule = if a.flag("--ec") {
+        RULE_EC
+    } else {
+        RULE_REPLICATED
+    };
     let map = straw2_map(osds, 10, 10);
     let weights = vec![0x10000u32; osds];
     let h = MapHandle::new(map, Some(1)).map_err(|e| e.to_string())?;

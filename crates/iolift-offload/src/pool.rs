@@ -157,7 +157,8 @@ impl IoPool {
                 .map_err(|e| OffloadError::Invalid(format!("spawn: {e}")))?,
         );
         for pe in 0..pes.max(1) {
-            let (device, map, weights, brx) = (device.clone(), map.clone(), weights.clone(), brx.clone());
+            let (device, map, weights, brx) =
+                (device.clone(), map.clone(), weights.clone(), brx.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("iolift-pe{pe}"))
@@ -246,7 +247,12 @@ impl Drop for IoPool {
     }
 }
 
-fn batcher(rx: mpsc::Receiver<Task>, btx: mpsc::Sender<Vec<Task>>, cfg: PoolConfig, stats: Arc<PoolStats>) {
+fn batcher(
+    rx: mpsc::Receiver<Task>,
+    btx: mpsc::Sender<Vec<Task>>,
+    cfg: PoolConfig,
+    stats: Arc<PoolStats>,
+) {
     loop {
         let first = match rx.recv() {
             Ok(t) => t,
@@ -283,7 +289,9 @@ fn batcher(rx: mpsc::Receiver<Task>, btx: mpsc::Sender<Vec<Task>>, cfg: PoolConf
         }
         stats.tasks.fetch_add(batch.len() as u64, Ordering::Relaxed);
         stats.launches.fetch_add(1, Ordering::Relaxed);
-        stats.largest_launch.fetch_max(batch.len() as u64, Ordering::Relaxed);
+        stats
+            .largest_launch
+            .fetch_max(batch.len() as u64, Ordering::Relaxed);
         if let Err(mpsc::SendError(b)) = btx.send(batch) {
             for t in b {
                 t.done.complete(Err(OffloadError::Closed));

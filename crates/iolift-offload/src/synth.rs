@@ -21,7 +21,9 @@ pub fn straw2_map(osds: usize, per_host: usize, hosts_per_rack: usize) -> CrushM
     let mut names = BTreeMap::new();
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (seed >> 33) as u32
     };
     let mk = |id: i32, type_id: u16, items: Vec<i32>, ws: Vec<u32>| Bucket {
@@ -84,7 +86,11 @@ pub fn straw2_map(osds: usize, per_host: usize, hosts_per_rack: usize) -> CrushM
                 arg1: root_id,
                 arg2: 0,
             },
-            Step { op, arg1: 0, arg2: 1 },
+            Step {
+                op,
+                arg1: 0,
+                arg2: 1,
+            },
             Step {
                 op: OP_EMIT,
                 arg1: 0,
@@ -104,7 +110,10 @@ pub fn straw2_map(osds: usize, per_host: usize, hosts_per_rack: usize) -> CrushM
     CrushMap {
         max_devices: osds as i32,
         buckets,
-        rules: vec![Some(rule(1, OP_CHOOSELEAF_FIRSTN)), Some(rule(3, OP_CHOOSELEAF_INDEP))],
+        rules: vec![
+            Some(rule(1, OP_CHOOSELEAF_FIRSTN)),
+            Some(rule(3, OP_CHOOSELEAF_INDEP)),
+        ],
         type_names,
         names,
         rule_names,

@@ -42,7 +42,10 @@ fn layout_matches_the_map() {
         );
         assert_eq!(n, r.steps.len());
         for (k, s) in r.steps.iter().enumerate() {
-            assert_eq!(&w[off + 3 * k..off + 3 * k + 3], &[s.op, s.arg1 as u32, s.arg2 as u32]);
+            assert_eq!(
+                &w[off + 3 * k..off + 3 * k + 3],
+                &[s.op, s.arg1 as u32, s.arg2 as u32]
+            );
         }
     }
     let ln = ln_table();
@@ -84,10 +87,16 @@ fn choose_args_are_flattened_and_checked() {
 fn bad_maps_are_refused() {
     let mut map = straw2_map(20, 5, 2);
     map.buckets[0].as_mut().unwrap().alg = 9;
-    assert!(matches!(FlatMap::new(&map, None), Err(OffloadError::Unsupported(_))));
+    assert!(matches!(
+        FlatMap::new(&map, None),
+        Err(OffloadError::Unsupported(_))
+    ));
     let mut map = straw2_map(20, 5, 2);
     map.buckets[1].as_mut().unwrap().item_weights.pop();
-    assert!(matches!(FlatMap::new(&map, None), Err(OffloadError::Unsupported(_))));
+    assert!(matches!(
+        FlatMap::new(&map, None),
+        Err(OffloadError::Unsupported(_))
+    ));
     // every handle gets its own id (the device upload cache key)
     let a = MapHandle::new(straw2_map(20, 5, 2), None).unwrap();
     let b = MapHandle::new(straw2_map(20, 5, 2), None).unwrap();

@@ -11,7 +11,9 @@ use iolift_offload::{Device, Inputs, IoPool, MapHandle, PoolConfig};
 use std::sync::Arc;
 
 fn gpu() -> Option<Device> {
-    let required = std::env::var("IOLIFT_GPU_TESTS").map(|v| v == "1").unwrap_or(false);
+    let required = std::env::var("IOLIFT_GPU_TESTS")
+        .map(|v| v == "1")
+        .unwrap_or(false);
     match Device::open("gpu", 4) {
         Ok(d) => Some(d),
         Err(e) if !required => {
@@ -38,7 +40,10 @@ fn gpu_matches_cpu_on_corpus() {
     ];
     if have_crushtool {
         for (name, spec) in corpus_specs() {
-            maps.push((name.clone(), compile_text(dir.path(), &name, &text_map(&spec))));
+            maps.push((
+                name.clone(),
+                compile_text(dir.path(), &name, &text_map(&spec)),
+            ));
         }
     } else {
         eprintln!("crushtool missing: synthetic straw2 maps only");

@@ -67,20 +67,34 @@ fn host_kernel_matches_cpu_mapper_on_corpus() {
     let k = host_kernel();
     let dir = tempfile::tempdir().unwrap();
     let xs = inputs();
-    let mut t = Tally { rows: 0, fallbacks: 0 };
+    let mut t = Tally {
+        rows: 0,
+        fallbacks: 0,
+    };
     let mut maps = 0;
     for (name, spec) in corpus_specs() {
         let map = compile_text(dir.path(), &name, &text_map(&spec));
         maps += 1;
         // crushtool --test uses choose_args set 0 (then -1).
         let ca = map.choose_args_for(0).cloned();
-        assert_eq!(spec.choose_args, ca.is_some(), "{name}: choose_args decoded");
+        assert_eq!(
+            spec.choose_args,
+            ca.is_some(),
+            "{name}: choose_args decoded"
+        );
         let flat = FlatMap::new(&map, ca.as_ref()).unwrap();
-        for (wi, w) in weight_sets(map.max_devices as usize, spec.seed).iter().enumerate() {
+        for (wi, w) in weight_sets(map.max_devices as usize, spec.seed)
+            .iter()
+            .enumerate()
+        {
             for rule in 0..map.max_rules() {
                 for rm in [1usize, 3, 5] {
                     // keep the debug-build run short: full inputs on one weight set
-                    let xs = if wi == 0 { &xs[..] } else { &xs[..xs.len() / 4] };
+                    let xs = if wi == 0 {
+                        &xs[..]
+                    } else {
+                        &xs[..xs.len() / 4]
+                    };
                     let (out, lens) = k.run_thread(&flat, w, rule, Some(xs), xs.len(), rm, None);
                     compare(
                         &format!("{name} thread"),
@@ -148,12 +162,26 @@ fn host_kernel_matches_cpu_mapper_on_straw2_1000() {
     let map = straw2_map(1000, 10, 10);
     let flat = FlatMap::new(&map, None).unwrap();
     let xs = random_inputs(2000, 7);
-    let mut t = Tally { rows: 0, fallbacks: 0 };
+    let mut t = Tally {
+        rows: 0,
+        fallbacks: 0,
+    };
     for w in weight_sets(1000, 3) {
         for rule in [0, 1] {
             for rm in [3usize, 6] {
                 let (out, lens) = k.run_thread(&flat, &w, rule, Some(&xs), xs.len(), rm, None);
-                compare("straw2-1000 thread", &map, None, rule, &xs, rm, &w, &out, &lens, &mut t);
+                compare(
+                    "straw2-1000 thread",
+                    &map,
+                    None,
+                    rule,
+                    &xs,
+                    rm,
+                    &w,
+                    &out,
+                    &lens,
+                    &mut t,
+                );
                 let (out, lens) = k.run_warp(&flat, &w, rule, &xs[..300], rm, 32);
                 compare(
                     "straw2-1000 warp",
@@ -219,7 +247,11 @@ fn host_kernel_pool_mode_matches_placement() {
                 let x = pg_to_pps(&pool, ps) as i32;
                 let n = do_rule(&map, rule, x, &mut row, &w, &mut ws, None);
                 let i = ps as usize;
-                assert_eq!(&out[i * rm..i * rm + lens[i] as usize], &row[..n], "pool {id} ps {ps}");
+                assert_eq!(
+                    &out[i * rm..i * rm + lens[i] as usize],
+                    &row[..n],
+                    "pool {id} ps {ps}"
+                );
             }
         }
     }
@@ -245,7 +277,10 @@ fn host_kernel_edge_cases() {
     let mut ws = Workspace::new(&map, 3);
     let mut row = [0; 3];
     for (i, &x) in xs.iter().enumerate() {
-        assert_eq!(lens[i] as usize, do_rule(&map, 0, x, &mut row, &[], &mut ws, None));
+        assert_eq!(
+            lens[i] as usize,
+            do_rule(&map, 0, x, &mut row, &[], &mut ws, None)
+        );
     }
 }
 
@@ -262,7 +297,11 @@ fn write_corpus() {
     let dir = tempfile::tempdir().unwrap();
     for (name, spec) in corpus_specs() {
         let map = compile_text(dir.path(), &name, &text_map(&spec));
-        std::fs::copy(dir.path().join(format!("{name}.bin")), out.join(format!("{name}.bin"))).unwrap();
+        std::fs::copy(
+            dir.path().join(format!("{name}.bin")),
+            out.join(format!("{name}.bin")),
+        )
+        .unwrap();
         assert_eq!(
             iolift_crush::decode(&std::fs::read(out.join(format!("{name}.bin"))).unwrap()).unwrap(),
             map
@@ -279,12 +318,16 @@ fn committed_corpus_maps_match() {
     let mut n = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
-        let map = iolift_crush::decode(&std::fs::read(&p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let map = iolift_crush::decode(&std::fs::read(&p).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         let ca = map.choose_args_for(0).cloned();
         let flat = FlatMap::new(&map, ca.as_ref()).unwrap();
         let w = vec![0x10000u32; map.max_devices as usize];
         let xs: Vec<i32> = (0..100).collect();
-        let mut t = Tally { rows: 0, fallbacks: 0 };
+        let mut t = Tally {
+            rows: 0,
+            fallbacks: 0,
+        };
         for rule in 0..map.max_rules() {
             let (out, lens) = k.run_thread(&flat, &w, rule, Some(&xs), xs.len(), 3, None);
             compare(

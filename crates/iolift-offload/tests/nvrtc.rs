@@ -2,10 +2,14 @@
 //! nvidia-cuda-nvrtc-cu12 wheel needs no GPU or driver): a kernel that does
 //! not compile fails here. Also checks the PTX cache and the error path.
 
-use iolift_offload::kernel::{cached_ptx, source_hash, CacheHit, Nvrtc, CRUSH_CU, KERNEL_THREAD, KERNEL_WARP};
+use iolift_offload::kernel::{
+    cached_ptx, source_hash, CacheHit, Nvrtc, CRUSH_CU, KERNEL_THREAD, KERNEL_WARP,
+};
 
 fn nvrtc() -> Nvrtc {
-    Nvrtc::load().unwrap_or_else(|e| panic!("{e}\n(scripts/test.sh installs it: pip install nvidia-cuda-nvrtc-cu12)"))
+    Nvrtc::load().unwrap_or_else(|e| {
+        panic!("{e}\n(scripts/test.sh installs it: pip install nvidia-cuda-nvrtc-cu12)")
+    })
 }
 
 #[test]
@@ -18,13 +22,22 @@ fn crush_kernels_compile_to_ptx() {
             .compile(CRUSH_CU, "crush.cu", arch)
             .unwrap_or_else(|e| panic!("kernels/crush.cu does not compile for {arch}: {e}"));
         for k in [KERNEL_THREAD, KERNEL_WARP] {
-            assert!(ptx.contains(&format!(".entry {k}(")), "{arch}: PTX lacks entry {k}");
+            assert!(
+                ptx.contains(&format!(".entry {k}(")),
+                "{arch}: PTX lacks entry {k}"
+            );
         }
         let target = arch.replace("compute_", "sm_");
-        assert!(ptx.contains(&format!(".target {target}")), "{arch}: PTX target");
+        assert!(
+            ptx.contains(&format!(".target {target}")),
+            "{arch}: PTX target"
+        );
         assert!(!log.contains("warning"), "{arch}: NVRTC warnings:\n{log}");
         // the warp kernel's reduction really uses shuffles
-        assert!(ptx.contains("shfl.sync"), "{arch}: no warp shuffle in the PTX");
+        assert!(
+            ptx.contains("shfl.sync"),
+            "{arch}: no warp shuffle in the PTX"
+        );
     }
 }
 
@@ -56,8 +69,14 @@ fn crush_kernels_assemble_for_sm_90() {
 fn broken_source_reports_the_log() {
     let n = nvrtc();
     let bad = format!("{CRUSH_CU}\n__global__ void broken() {{ undeclared_thing = 1; }}\n");
-    let e = n.compile(&bad, "bad.cu", "compute_80").unwrap_err().to_string();
-    assert!(e.contains("undeclared_thing"), "log should name the error: {e}");
+    let e = n
+        .compile(&bad, "bad.cu", "compute_80")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("undeclared_thing"),
+        "log should name the error: {e}"
+    );
 }
 
 #[test]

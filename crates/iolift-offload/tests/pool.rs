@@ -61,7 +61,9 @@ fn completions_by_wait_future_and_callback() {
     }
     let mut got = 0;
     for _ in 0..50 {
-        let (x, r) = rx.recv_timeout(Duration::from_secs(30)).expect("callback ran");
+        let (x, r) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("callback ran");
         assert_eq!(r.unwrap(), expect(&h, 0, x, 3, &w));
         got += 1;
     }
@@ -110,7 +112,10 @@ fn batching_by_time() {
         c.wait().unwrap();
     }
     // far below the size limit: the batch went when its time was up, as one launch
-    assert!(t.elapsed() >= Duration::from_millis(150), "launched before max_wait");
+    assert!(
+        t.elapsed() >= Duration::from_millis(150),
+        "launched before max_wait"
+    );
     assert_eq!(pool.stats().launches.load(Ordering::Relaxed), 1);
     assert_eq!(pool.stats().largest_launch.load(Ordering::Relaxed), 5);
 }
@@ -143,7 +148,14 @@ fn many_submitters_many_pes() {
 fn bad_arguments_are_errors() {
     let (dev, h, w) = setup(30);
     assert!(matches!(
-        IoPool::new(dev.clone(), h.clone(), 9, 3, w.clone(), PoolConfig::default()),
+        IoPool::new(
+            dev.clone(),
+            h.clone(),
+            9,
+            3,
+            w.clone(),
+            PoolConfig::default()
+        ),
         Err(OffloadError::Invalid(_))
     ));
     let cfg = PoolConfig {
@@ -159,7 +171,10 @@ fn bad_arguments_are_errors() {
         hashpspool: true,
     };
     assert!(dev.map_pool(&h, &p, 0, 3, &w).is_err());
-    assert!(matches!(Device::open("fpga", 1), Err(OffloadError::Invalid(_))));
+    assert!(matches!(
+        Device::open("fpga", 1),
+        Err(OffloadError::Invalid(_))
+    ));
     assert!(Device::open("cpu:x", 1).is_err());
 }
 
@@ -187,7 +202,9 @@ fn gpu_request_without_gpu_is_a_clear_error() {
 fn whole_pool_matches_per_pg_placement() {
     let dev = Device::cpu(2).unwrap();
     let map = straw2_map(300, 6, 5);
-    let w: Vec<u32> = (0..300).map(|i| if i % 17 == 0 { 0 } else { 0x10000 }).collect();
+    let w: Vec<u32> = (0..300)
+        .map(|i| if i % 17 == 0 { 0 } else { 0x10000 })
+        .collect();
     let h = MapHandle::new(map, Some(4)).unwrap();
     for (pool, rule, size) in [
         (
@@ -226,7 +243,15 @@ fn whole_pool_matches_per_pg_placement() {
         let mut ws = Workspace::new(&h.map, size);
         let mut row = vec![0; size];
         for ps in 0..pool.pg_num {
-            let n = do_rule(&h.map, rule, pg_to_pps(&pool, ps) as i32, &mut row, &w, &mut ws, None);
+            let n = do_rule(
+                &h.map,
+                rule,
+                pg_to_pps(&pool, ps) as i32,
+                &mut row,
+                &w,
+                &mut ws,
+                None,
+            );
             assert_eq!(m.row(ps as usize), &row[..n], "pool {} ps {ps}", pool.id);
             if rule == 1 {
                 assert_eq!(n, size, "indep keeps positions");

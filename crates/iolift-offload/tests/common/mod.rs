@@ -33,8 +33,19 @@ type ThreadFn = unsafe extern "C" fn(
     *mut i32,
     *mut u32,
 );
-type WarpFn =
-    unsafe extern "C" fn(*const u32, *const i64, *const u32, u32, i32, *const i32, u32, u32, u32, *mut i32, *mut u32);
+type WarpFn = unsafe extern "C" fn(
+    *const u32,
+    *const i64,
+    *const u32,
+    u32,
+    i32,
+    *const i32,
+    u32,
+    u32,
+    u32,
+    *mut i32,
+    *mut u32,
+);
 
 /// kernels/crush.cu compiled by g++ as a shared library (the device code
 /// with host shims) and loaded.
@@ -117,7 +128,11 @@ impl HostKernel {
         let mut out = vec![0i32; n * result_max];
         let mut lens = vec![0u32; n];
         let p = pool.unwrap_or_default();
-        let flags = if pool.is_some() { 2 | p.hashpspool as u32 } else { 0 };
+        let flags = if pool.is_some() {
+            2 | p.hashpspool as u32
+        } else {
+            0
+        };
         // SAFETY: buffers sized as the kernel expects.
         unsafe {
             (self.thread)(
@@ -242,7 +257,8 @@ pub fn compile_text(dir: &Path, name: &str, text: &str) -> CrushMap {
         "crushtool -c {name}: {}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
-    iolift_crush::decode(&std::fs::read(&bin).unwrap()).unwrap_or_else(|e| panic!("decode {name}: {e}"))
+    iolift_crush::decode(&std::fs::read(&bin).unwrap())
+        .unwrap_or_else(|e| panic!("decode {name}: {e}"))
 }
 
 pub struct Lcg(pub u64);
@@ -397,7 +413,9 @@ pub fn text_map(s: &Spec) -> String {
             }
             t.push_str("    ]\n");
             if rng.below(2) == 0 {
-                let ids: Vec<String> = (0..*n).map(|k| format!("{}", -1000 - 10 * (-id) - k as i32)).collect();
+                let ids: Vec<String> = (0..*n)
+                    .map(|k| format!("{}", -1000 - 10 * (-id) - k as i32))
+                    .collect();
                 let _ = writeln!(t, "    ids [ {} ]", ids.join(" "));
             }
             t.push_str("  }\n");

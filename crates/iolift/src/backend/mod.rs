@@ -79,6 +79,8 @@ pub fn open(spec: &str) -> Result<DevRef> {
         "memory" => memory::open(&s),
         "file" => file::open(&s),
         "rbd" => rbd::open(&s),
-        other => bail!("unknown backend kind {other:?} in {spec:?} (known: null, memory, file, rbd)"),
+        other => {
+            bail!("unknown backend kind {other:?} in {spec:?} (known: null, memory, file, rbd)")
+        }
     }
 }
