@@ -25,6 +25,7 @@ fn fio_verify(uri: &str, size: &str, bs: &str, rw: &str, iodepth: u32) -> Comman
         &format!("--iodepth={iodepth}"),
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--do_verify=1",
         "--randrepeat=0",
     ]);

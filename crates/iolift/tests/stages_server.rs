@@ -36,6 +36,7 @@ fn fio_verify_through_cache_and_scheduler_on_file() {
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--group_reporting",
     ]));
     let all = o.all();
@@ -57,6 +58,7 @@ fn fio_verify_through_cache_and_scheduler_on_file() {
         "--offset=128M",
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
     ]));
     run_ok(cmd("fio").args([
         "--name=mixed",
@@ -71,6 +73,7 @@ fn fio_verify_through_cache_and_scheduler_on_file() {
         "--offset_increment=16M",
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
     ]));
 }
 
