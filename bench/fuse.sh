@@ -73,8 +73,9 @@ wait_for() { # file timeout_s
   local i=0
   while [ ! -s "$1" ]; do
     sleep 0.1; i=$((i + 1))
-    [ $i -gt $(($2 * 10)) ] && die "timeout waiting for $1"
+    if [ $i -gt $(($2 * 10)) ]; then die "timeout waiting for $1"; fi
   done
+  return 0
 }
 
 # ---- peers ---------------------------------------------------------------------------
