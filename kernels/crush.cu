@@ -29,8 +29,10 @@ typedef long long s64;
 #define CR_FN __device__ __forceinline__
 #define CR_FN_NOINLINE __device__ __noinline__
 #define CR_EXTERN extern "C"
+#define CR_BOUNDS(t, b) __launch_bounds__(t, b)
 #else
 #define CR_GPU 0
+#define CR_BOUNDS(t, b)
 #define CR_FN static inline
 #define CR_FN_NOINLINE static
 #define __global__
@@ -712,7 +714,7 @@ CR_FN s32 cr_input(const s32 *xs, s32 x0, u64 i, const CrInputs *in) {
 }
 
 // Throughput kernel: one thread per input.
-CR_EXTERN __global__ void crush_map_thread(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
+CR_FN void cr_map_thread(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
                                            s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
                                            u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
                                            u32 *lens) {
@@ -736,6 +738,30 @@ CR_EXTERN __global__ void crush_map_thread(const u32 *map, const s64 *lnt, const
     }
     lens[i] = len;
     for (u32 k = 0; k < len; k++) out[i * result_max + k] = res[k];
+}
+
+// Throughput kernel: one thread per input. The _lb6/_lb8 variants ask for
+// 6 / 8 resident blocks of 128 threads per SM (fewer registers, more warps
+// in flight); the CUDA device picks one with IOLIFT_THREAD_KERNEL.
+CR_EXTERN __global__ void crush_map_thread(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
+                                           s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
+                                           u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
+                                           u32 *lens) {
+    cr_map_thread(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags, out, lens);
+}
+
+CR_EXTERN __global__ void CR_BOUNDS(128, 6) crush_map_thread_lb6(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
+                                           s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
+                                           u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
+                                           u32 *lens) {
+    cr_map_thread(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags, out, lens);
+}
+
+CR_EXTERN __global__ void CR_BOUNDS(128, 8) crush_map_thread_lb8(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
+                                           s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
+                                           u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
+                                           u32 *lens) {
+    cr_map_thread(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags, out, lens);
 }
 
 // Latency kernel: one warp (32 lanes) per input; the draws of each straw2

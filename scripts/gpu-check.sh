@@ -8,6 +8,7 @@
 #
 # Knobs: IOLIFT_GPU_RANDOM (random inputs per map, default 10000000),
 # IOLIFT_OFFLOAD_BIN (a prebuilt iolift-offload binary: skips cargo),
+# IOLIFT_BIN (a prebuilt iolift binary for the `iolift crush` steps),
 # IOLIFT_NVRTC (path of libnvrtc.so.12 if it is not found by itself),
 # IOLIFT_KERNEL_CACHE (PTX cache dir; a cache filled elsewhere lets the GPU
 # run without NVRTC), CARGO_TARGET_DIR. Exit status: 0 when every check
@@ -71,12 +72,16 @@ if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" && "$DEV" == gpu* ]]; then
 fi
 
 # 4b. `iolift crush test --device gpu` gives the same report as --device cpu
-if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" ]] && cargo build --release -p iolift >"$OUT/build-iolift.txt" 2>&1; then
+#     (x = 0..9999 over every rule and numrep: 10^5 x made 839 MB reports)
+IOLIFT=${IOLIFT_BIN:-}
+if [[ -z "$IOLIFT" && -z "${IOLIFT_OFFLOAD_BIN:-}" ]] && cargo build --release -p iolift >"$OUT/build-iolift.txt" 2>&1; then
     IOLIFT=${CARGO_TARGET_DIR:-target}/release/iolift
+fi
+if [[ -n "$IOLIFT" ]]; then
     for f in crates/iolift-offload/tests/maps/straw2-choose_args-jewel.bin crates/iolift-offload/tests/maps/tree-argonaut-toptree.bin; do
         b=$(basename "$f" .bin)
-        "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 99999 --device cpu >"$OUT/crush-test-$b-cpu.txt" 2>&1
-        if "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 99999 --device "$DEV" >"$OUT/crush-test-$b-dev.txt" 2>&1 &&
+        "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 9999 --device cpu >"$OUT/crush-test-$b-cpu.txt" 2>&1
+        if "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 9999 --device "$DEV" >"$OUT/crush-test-$b-dev.txt" 2>&1 &&
             cmp -s "$OUT/crush-test-$b-cpu.txt" "$OUT/crush-test-$b-dev.txt"; then
             log "crush test --device $DEV == --device cpu on $b"
         else
@@ -89,15 +94,28 @@ fi
 # 5. timings (targets, H100: >= 1e8 mappings/s on 1,000 OSDs 3-replica;
 #    1M-PG pool on 10,000 OSDs < 100 ms; round trip <= 20 us; >= 1e7 tasks/s)
 run bench-dev-1000 "$BIN" bench --device "$DEV" --osds 1000 --pes 4 --max-batch $BATCH $QF
+# the pool without spinning waiters (IOLIFT_POOL_SPIN_US=0), short run
+IOLIFT_POOL_SPIN_US=0 run bench-dev-nospin "$BIN" bench --device "$DEV" --osds 1000 --pes 4 --max-batch 10000 --quick
 run bench-dev-10000 "$BIN" bench --device "$DEV" --osds $OSDS2 --pes 4 --max-batch $BATCH $QF
 run pool-dev-rep "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 3
 run pool-dev-ec "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 6 --ec
 run pool-dev-4m "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS4 --size 3
+# 5b. thread-kernel variants (launch bounds, block size): exact on the
+#     synthetic maps, and their kernel-only rates (check's mappings/s)
+if [[ "$DEV" == gpu* && "$QUICK" != 1 ]]; then
+    for v in lb6 lb8 b256; do
+        if [[ $v == b256 ]]; then
+            IOLIFT_BLOCK=256 run check-$v "$BIN" check --device "$DEV" --random 2000000 --synthetic --osds 1000,$OSDS2
+        else
+            IOLIFT_THREAD_KERNEL=$v run check-$v "$BIN" check --device "$DEV" --random 2000000 --synthetic --osds 1000,$OSDS2
+        fi
+    done
+fi
 # the same on this machine's CPU cores, for the ratios
 run bench-cpu-1000 "$BIN" bench --device cpu --osds 1000 --max-batch $((BATCH < 100000 ? BATCH : 100000)) $QF
 run pool-cpu-rep "$BIN" pool --device cpu --osds $OSDS2 --pg-num $PGS --size 3
 
 log "summary:"
-grep -h -E "mappings/s|round trip|tasks/s, batches of (1|1000|1000000):|whole pool|identical|MISMATCH|inputs compared" "$OUT"/check.txt "$OUT"/bench-*.txt "$OUT"/pool-*.txt 2>/dev/null | tee -a "$LOG"
+grep -h -E "mappings/s|round trip|tasks/s, batches of (1|1000|1000000):|whole pool|identical|MISMATCH|inputs compared" "$OUT"/check*.txt "$OUT"/bench-*.txt "$OUT"/pool-*.txt 2>/dev/null | tee -a "$LOG"
 if ((fail)); then log "gpu-check: FAILED (see $OUT)"; exit 1; fi
 log "gpu-check: all checks passed; results in $OUT"

@@ -5,14 +5,26 @@
 //! completed through a future/blocking `Completion` or a callback.
 //!
 //! A task here is one CRUSH mapping: input x -> the OSDs of `rule`.
+//!
+//! Latency design: there is no batcher thread. Submitters append to one
+//! shared queue; the processing-element threads take turns as the
+//! *collector* (one at a time, under a lock): the collector forms the next
+//! batch from the queue (size / time rules above), hands the collector role
+//! on and runs the batch on its own PE. A task therefore crosses one thread
+//! hand-off on the way in and one on the way back. Both waits (the
+//! collector waiting for a first task, a submitter waiting for its
+//! completion) spin briefly (`IOLIFT_POOL_SPIN_US`, default 200 us on 8+
+//! cores, 0 below; spinning then yielding) before parking, and a sleeper
+//! is only signalled when it actually parked: a busy pool makes no futex
+//! calls per task.
 
 use crate::device::{Device, Inputs, MapHandle};
 use crate::error::{OffloadError, Result};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,20 +53,80 @@ impl Default for PoolConfig {
 
 type TaskResult = Result<Vec<i32>>;
 
+/// How long a waiter spins (then yields) before it parks:
+/// `IOLIFT_POOL_SPIN_US`, else 200 us on machines with 8 or more cores and
+/// 0 (park at once) on smaller ones, where a spinning waiter would take the
+/// core that the thread it waits for needs.
+fn spin_budget() -> Duration {
+    static S: OnceLock<Duration> = OnceLock::new();
+    *S.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Duration::from_micros(
+            std::env::var("IOLIFT_POOL_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(if cores >= 8 { 200 } else { 0 }),
+        )
+    })
+}
+
+/// Spin (first busy, then yielding the CPU) until `ready()` or the spin
+/// budget is used up; whether `ready()` became true.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let budget = spin_budget();
+    if budget.is_zero() {
+        return ready();
+    }
+    let t0 = Instant::now();
+    let mut i = 0u32;
+    loop {
+        if ready() {
+            return true;
+        }
+        i = i.wrapping_add(1);
+        if i < 512 {
+            std::hint::spin_loop();
+        } else {
+            if i.is_multiple_of(16) && t0.elapsed() >= budget {
+                return ready();
+            }
+            if i.is_multiple_of(4) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct SlotState {
+    result: Option<TaskResult>,
+    waker: Option<Waker>,
+    sleeping: bool,
+}
+
 #[derive(Default)]
 struct Slot {
-    state: Mutex<(Option<TaskResult>, Option<Waker>)>,
+    done: AtomicBool,
+    state: Mutex<SlotState>,
     cv: Condvar,
 }
 
 impl Slot {
     fn complete(&self, r: TaskResult) {
         let mut g = self.state.lock().expect("slot lock");
-        g.0 = Some(r);
-        if let Some(w) = g.1.take() {
+        g.result = Some(r);
+        self.done.store(true, Ordering::Release);
+        let waker = g.waker.take();
+        let sleeping = g.sleeping;
+        drop(g);
+        if let Some(w) = waker {
             w.wake();
         }
-        self.cv.notify_all();
+        if sleeping {
+            self.cv.notify_all();
+        }
     }
 }
 
@@ -62,14 +134,17 @@ impl Slot {
 pub struct Completion(Arc<Slot>);
 
 impl Completion {
-    /// Block until the task completes.
+    /// Block until the task completes (spins briefly, then parks).
     pub fn wait(self) -> TaskResult {
+        spin_until(|| self.0.done.load(Ordering::Acquire));
         let mut g = self.0.state.lock().expect("slot lock");
         loop {
-            if let Some(r) = g.0.take() {
+            if let Some(r) = g.result.take() {
                 return r;
             }
+            g.sleeping = true;
             g = self.0.cv.wait(g).expect("slot lock");
+            g.sleeping = false;
         }
     }
 }
@@ -78,10 +153,10 @@ impl Future for Completion {
     type Output = TaskResult;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TaskResult> {
         let mut g = self.0.state.lock().expect("slot lock");
-        if let Some(r) = g.0.take() {
+        if let Some(r) = g.result.take() {
             return Poll::Ready(r);
         }
-        g.1 = Some(cx.waker().clone());
+        g.waker = Some(cx.waker().clone());
         Poll::Pending
     }
 }
@@ -115,10 +190,102 @@ pub struct PoolStats {
     pub largest_launch: AtomicU64,
 }
 
-pub struct IoPool {
-    tx: Option<mpsc::Sender<Task>>,
-    threads: Vec<JoinHandle<()>>,
+#[derive(Default)]
+struct Queue {
+    tasks: VecDeque<Task>,
+    closed: bool,
+    /// The collector is parked on `Shared::cv`.
+    parked: bool,
+}
+
+struct Shared {
+    q: Mutex<Queue>,
+    cv: Condvar,
+    /// Tasks queued (read without the lock while spinning).
+    queued: AtomicUsize,
+    closed: AtomicBool,
+    /// Held by the PE that is forming the next batch.
+    collector: Mutex<()>,
+    cfg: PoolConfig,
     stats: Arc<PoolStats>,
+}
+
+impl Shared {
+    fn push(&self, tasks: impl IntoIterator<Item = Task>) {
+        let mut g = self.q.lock().expect("queue lock");
+        if g.closed {
+            drop(g);
+            for t in tasks {
+                t.done.complete(Err(OffloadError::Closed));
+            }
+            return;
+        }
+        g.tasks.extend(tasks);
+        self.queued.store(g.tasks.len(), Ordering::Release);
+        let wake = g.parked;
+        drop(g);
+        if wake {
+            self.cv.notify_one();
+        }
+    }
+
+    fn take(&self, g: &mut Queue, batch: &mut Vec<Task>) {
+        let k = (self.cfg.max_batch - batch.len()).min(g.tasks.len());
+        batch.extend(g.tasks.drain(..k));
+        self.queued.store(g.tasks.len(), Ordering::Release);
+    }
+
+    /// The next batch (called by the collector); None when the pool is
+    /// closed and drained.
+    fn collect(&self) -> Option<Vec<Task>> {
+        spin_until(|| {
+            self.queued.load(Ordering::Acquire) > 0 || self.closed.load(Ordering::Acquire)
+        });
+        let mut g = self.q.lock().expect("queue lock");
+        while g.tasks.is_empty() {
+            if g.closed {
+                return None;
+            }
+            g.parked = true;
+            g = self.cv.wait(g).expect("queue lock");
+            g.parked = false;
+        }
+        let max = self.cfg.max_batch;
+        let mut batch = Vec::with_capacity(g.tasks.len().min(max));
+        self.take(&mut g, &mut batch);
+        if batch.len() < max && !self.cfg.max_wait.is_zero() {
+            let deadline = Instant::now() + self.cfg.max_wait;
+            loop {
+                self.take(&mut g, &mut batch);
+                if batch.len() >= max || g.closed {
+                    break;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                g.parked = true;
+                g = self
+                    .cv
+                    .wait_timeout(g, deadline - now)
+                    .expect("queue lock")
+                    .0;
+                g.parked = false;
+            }
+        }
+        drop(g);
+        let st = &self.stats;
+        st.tasks.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        st.launches.fetch_add(1, Ordering::Relaxed);
+        st.largest_launch
+            .fetch_max(batch.len() as u64, Ordering::Relaxed);
+        Some(batch)
+    }
+}
+
+pub struct IoPool {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl IoPool {
@@ -143,31 +310,37 @@ impl IoPool {
         } else {
             cfg.pes
         };
-        let stats = Arc::new(PoolStats::default());
-        let (tx, rx) = mpsc::channel::<Task>();
-        let (btx, brx) = mpsc::channel::<Vec<Task>>();
-        let brx = Arc::new(Mutex::new(brx));
+        let shared = Arc::new(Shared {
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            collector: Mutex::new(()),
+            cfg,
+            stats: Arc::new(PoolStats::default()),
+        });
         let weights = Arc::new(weights);
-        let mut threads = Vec::new();
-        let st = stats.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("iolift-batcher".into())
-                .spawn(move || batcher(rx, btx, cfg, st))
-                .map_err(|e| OffloadError::Invalid(format!("spawn: {e}")))?,
-        );
+        let mut pool = IoPool {
+            shared: shared.clone(),
+            threads: Vec::new(),
+        };
         for pe in 0..pes.max(1) {
-            let (device, map, weights, brx) =
-                (device.clone(), map.clone(), weights.clone(), brx.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("iolift-pe{pe}"))
-                    .spawn(move || loop {
-                        let batch = match brx.lock().expect("batch queue").recv() {
-                            Ok(b) => b,
-                            Err(_) => return,
+            let (device, map, weights, sh) =
+                (device.clone(), map.clone(), weights.clone(), shared.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("iolift-pe{pe}"))
+                .spawn(move || {
+                    let mut xs: Vec<i32> = Vec::new();
+                    loop {
+                        let batch = {
+                            let _collector = sh.collector.lock().expect("collector lock");
+                            match sh.collect() {
+                                Some(b) => b,
+                                None => return,
+                            }
                         };
-                        let xs: Vec<i32> = batch.iter().map(|t| t.x).collect();
+                        xs.clear();
+                        xs.extend(batch.iter().map(|t| t.x));
                         match device.map_on(pe, &map, rule, Inputs::Xs(&xs), result_max, &weights) {
                             Ok(m) => {
                                 for (i, t) in batch.into_iter().enumerate() {
@@ -180,52 +353,46 @@ impl IoPool {
                                 }
                             }
                         }
-                    })
-                    .map_err(|e| OffloadError::Invalid(format!("spawn: {e}")))?,
-            );
-        }
-        Ok(IoPool {
-            tx: Some(tx),
-            threads,
-            stats,
-        })
-    }
-
-    fn send(&self, t: Task) {
-        if let Some(tx) = &self.tx {
-            if let Err(mpsc::SendError(t)) = tx.send(t) {
-                t.done.complete(Err(OffloadError::Closed));
+                    }
+                });
+            match spawned {
+                Ok(t) => pool.threads.push(t),
+                Err(e) => return Err(OffloadError::Invalid(format!("spawn: {e}"))),
             }
-        } else {
-            t.done.complete(Err(OffloadError::Closed));
         }
+        Ok(pool)
     }
 
     /// Submit one task; its completion.
     pub fn submit(&self, x: i32) -> Completion {
         let slot = Arc::new(Slot::default());
-        self.send(Task {
+        self.shared.push(std::iter::once(Task {
             x,
             done: Done::Slot(slot.clone()),
-        });
+        }));
         Completion(slot)
     }
 
     /// Submit one task; `f` runs on a processing element when it completes.
     pub fn submit_with<F: FnOnce(TaskResult) + Send + 'static>(&self, x: i32, f: F) {
-        self.send(Task {
+        self.shared.push(std::iter::once(Task {
             x,
             done: Done::Callback(Box::new(f)),
-        });
+        }));
     }
 
-    /// Submit a batch; one completion per input, in order.
+    /// Submit a batch (queued at once); one completion per input, in order.
     pub fn submit_batch(&self, xs: &[i32]) -> Vec<Completion> {
-        xs.iter().map(|&x| self.submit(x)).collect()
+        let slots: Vec<Arc<Slot>> = xs.iter().map(|_| Arc::new(Slot::default())).collect();
+        self.shared.push(xs.iter().zip(&slots).map(|(&x, s)| Task {
+            x,
+            done: Done::Slot(s.clone()),
+        }));
+        slots.into_iter().map(Completion).collect()
     }
 
     pub fn stats(&self) -> &PoolStats {
-        &self.stats
+        &self.shared.stats
     }
 
     /// Stop accepting tasks, finish the queued ones and join the threads.
@@ -234,7 +401,12 @@ impl IoPool {
     }
 
     fn close(&mut self) {
-        self.tx.take();
+        {
+            let mut g = self.shared.q.lock().expect("queue lock");
+            g.closed = true;
+            self.shared.closed.store(true, Ordering::Release);
+        }
+        self.shared.cv.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -244,62 +416,5 @@ impl IoPool {
 impl Drop for IoPool {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-fn batcher(
-    rx: mpsc::Receiver<Task>,
-    btx: mpsc::Sender<Vec<Task>>,
-    cfg: PoolConfig,
-    stats: Arc<PoolStats>,
-) {
-    loop {
-        let first = match rx.recv() {
-            Ok(t) => t,
-            Err(_) => return,
-        };
-        let mut batch = Vec::with_capacity(cfg.max_batch.min(1 << 16));
-        batch.push(first);
-        let deadline = Instant::now() + cfg.max_wait;
-        let mut closed = false;
-        while batch.len() < cfg.max_batch {
-            match rx.try_recv() {
-                Ok(t) => {
-                    batch.push(t);
-                    continue;
-                }
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    closed = true;
-                    break;
-                }
-                Err(mpsc::TryRecvError::Empty) => {}
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            match rx.recv_timeout(deadline - now) {
-                Ok(t) => batch.push(t),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => {
-                    closed = true;
-                    break;
-                }
-            }
-        }
-        stats.tasks.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        stats.launches.fetch_add(1, Ordering::Relaxed);
-        stats
-            .largest_launch
-            .fetch_max(batch.len() as u64, Ordering::Relaxed);
-        if let Err(mpsc::SendError(b)) = btx.send(batch) {
-            for t in b {
-                t.done.complete(Err(OffloadError::Closed));
-            }
-            return;
-        }
-        if closed {
-            return;
-        }
     }
 }

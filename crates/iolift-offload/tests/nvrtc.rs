@@ -49,7 +49,9 @@ fn crush_kernels_assemble_for_sm_90() {
         .compile_cubin(CRUSH_CU, "crush.cu", "sm_90")
         .unwrap_or_else(|e| panic!("ptxas: {e}"));
     assert!(size > 1000, "CUBIN of {size} bytes");
-    for k in [KERNEL_THREAD, KERNEL_WARP] {
+    let lb6 = format!("{KERNEL_THREAD}_lb6");
+    let lb8 = format!("{KERNEL_THREAD}_lb8");
+    for k in [KERNEL_THREAD, KERNEL_WARP, &lb6, &lb8] {
         assert!(
             log.contains(&format!("Compiling entry function '{k}' for 'sm_90'")),
             "{log}"
@@ -58,8 +60,10 @@ fn crush_kernels_assemble_for_sm_90() {
     eprintln!(
         "{}",
         log.lines()
-            .filter(|l| l.contains("registers") || l.contains("stack frame"))
-            .take(4)
+            .filter(|l| l.contains("registers")
+                || l.contains("stack frame")
+                || l.contains("entry function"))
+            .take(20)
             .collect::<Vec<_>>()
             .join("\n")
     );
