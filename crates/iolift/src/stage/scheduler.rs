@@ -10,10 +10,18 @@
 //! before it. Trim, write-zeroes, FUA writes and the rest pass straight
 //! through (but a flush still waits for them).
 //!
+//! Only requests that continue a recent one (their offset is where one of
+//! the last 32 requests ended) are held: a random request has nothing to
+//! wait for, and holding it only adds latency (measured: 4k random reads
+//! over a 50 us backend lost 3/4 of their IOPS when every request was
+//! held). A sequential stream is held from its second request on.
+//!
 //! Options: `max_delay` (default 1ms), `max_merge` (default 1M, also capped
 //! by the device's max block), `idle=dispatch|hold` (default dispatch: a
 //! request arriving while nothing is in flight below or held goes down at
-//! once, since there is nothing to merge it with yet), `name`.
+//! once, since there is nothing to merge it with yet, and only requests
+//! continuing a recent one are held; hold: every read and write is held),
+//! `name`.
 
 use super::metrics::{self, MetricSource};
 use super::{timer, Opts};
@@ -28,6 +36,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 const MAX_HELD: usize = 256;
+/// How many recent request ends are remembered to detect sequential runs.
+const RECENT: usize = 32;
 
 pub struct SchedDev {
     inner: Arc<Inner>,
@@ -50,6 +60,9 @@ struct State {
     below_inflight: usize,
     /// Rolling mean backend latency (EWMA), nanoseconds.
     mean_ns: f64,
+    /// End offsets of the last RECENT reads/writes (a ring).
+    recent_ends: [u64; RECENT],
+    recent_pos: usize,
 }
 
 struct Inner {
@@ -114,6 +127,8 @@ impl SchedDev {
                 inflight: BTreeMap::new(),
                 below_inflight: 0,
                 mean_ns: 0.0,
+                recent_ends: [u64::MAX; RECENT],
+                recent_pos: 0,
             }),
             drained: Notify::new(),
             requests_in: AtomicU64::new(0),
@@ -417,7 +432,17 @@ impl BlockDev for SchedDev {
             _ => false,
         };
         let idle = st.below_inflight == 0 && st.pending.is_empty() && !i.hold_idle;
-        if !mergeable || idle || i.window(&st).is_zero() {
+        // Sequential: continues where a recent request ended.
+        let mut continues = i.hold_idle;
+        if mergeable {
+            if let Some((off, len)) = req.range() {
+                continues |= st.recent_ends.contains(&off);
+                let p = st.recent_pos;
+                st.recent_ends[p] = off + len;
+                st.recent_pos = (p + 1) % RECENT;
+            }
+        }
+        if !mergeable || idle || !continues || i.window(&st).is_zero() {
             // Straight through.
             i.backend_out.fetch_add(1, Relaxed);
             st.below_inflight += 1;
