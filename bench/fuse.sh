@@ -112,6 +112,10 @@ run_fio() { # target job peer rep file
   local rw bs qd
   IFS=: read -r rw bs qd <<<"$job"
   local json=$LOG/$target-$rw-$bs-qd$qd-$peer-$rep.json
+  # Let the previous run's write-back (ext4 journal, dirty metadata) finish
+  # first, so that it does not eat this run's CPU on a small machine.
+  sync
+  sleep 1
   fio --name=b --filename="$file" --rw="$rw" --bs="$bs" --iodepth="$qd" \
     --ioengine=io_uring --direct=1 --size="$AREA" --time_based --runtime="$RUNTIME" \
     --ramp_time="$RAMP" --norandommap --randrepeat=0 --output-format=json >"$json"
