@@ -230,13 +230,14 @@ pub fn run_test(
                 .map(|&w| (w as f32 / total_weight as f32) * expected_objects)
                 .collect();
             let nru = nr.max(0) as usize;
-            const CHUNK: i64 = 1 << 16;
-            let mut xs: Vec<i32> = Vec::with_capacity(CHUNK as usize);
-            let mut res = vec![0i32; CHUNK as usize * nru];
-            let mut lens = vec![0u32; CHUNK as usize];
+            // Mapped in chunks; no bigger than the range (small runs).
+            let chunk: i64 = (1i64 << 16).min(num_objects.max(1));
+            let mut xs: Vec<i32> = Vec::with_capacity(chunk as usize);
+            let mut res = vec![0i32; chunk as usize * nru];
+            let mut lens = vec![0u32; chunk as usize];
             let mut start = min_x as i64;
             while start <= max_x as i64 {
-                let end = (start + CHUNK - 1).min(max_x as i64);
+                let end = (start + chunk - 1).min(max_x as i64);
                 let n = (end - start + 1) as usize;
                 xs.clear();
                 xs.extend((start..=end).map(|x| {
