@@ -11,25 +11,30 @@
     clippy::if_same_then_else
 )]
 
-use crate::hash::{hash32_2, hash32_3, hash32_4};
+use crate::hash::{hash32_2, hash32_3, hash32_3_lanes, hash32_4, hash32_4_lanes, LANES};
 use crate::ln::ln_minus_one;
 use crate::map::*;
 use rayon::prelude::*;
 
-/// Permutation cache for uniform buckets and the local-fallback search
-/// (one slot per bucket, like `crush_work_bucket`).
+/// Permutation state of one bucket (`crush_work_bucket`): the permutation
+/// of `0..size` for input `x`, of which the first `n` entries are final
+/// (0xffff: only entry 0, the r = 0 shortcut).
 #[derive(Debug, Clone, Default)]
-struct Perm {
-    x: Vec<u32>,
-    n: Vec<u32>,
-    off: Vec<usize>,
-    buf: Vec<u32>,
+struct PermSlot {
+    x: u32,
+    n: u32,
+    p: Vec<u32>,
 }
 
 /// Reusable per-thread scratch for [`do_rule`].
+///
+/// The permutation cache is a pure function of (x, bucket id, bucket
+/// size), so a workspace stays valid across maps: a slot whose length does
+/// not match the bucket's size is reset on use. Preparing for a map is
+/// therefore O(1) unless the map has more buckets than any before.
 #[derive(Debug, Clone, Default)]
 pub struct Workspace {
-    perm: Perm,
+    perm: Vec<PermSlot>,
     a: Vec<i32>,
     b: Vec<i32>,
     c: Vec<i32>,
@@ -43,21 +48,11 @@ impl Workspace {
         ws
     }
 
-    /// Resize for `map` / `result_max` if needed (allocates only on growth
-    /// or when the map shape changed).
+    /// Grow for `map` / `result_max` if needed (allocates only on growth).
+    #[inline]
     pub fn prepare(&mut self, map: &CrushMap, result_max: usize) {
-        let nb = map.buckets.len();
-        let total: usize = map.buckets.iter().flatten().map(|b| b.items.len()).sum();
-        if self.perm.x.len() != nb || self.perm.buf.len() != total {
-            self.perm.x = vec![0; nb];
-            self.perm.n = vec![0; nb];
-            self.perm.off = Vec::with_capacity(nb);
-            let mut off = 0;
-            for b in &map.buckets {
-                self.perm.off.push(off);
-                off += b.as_ref().map_or(0, |b| b.items.len());
-            }
-            self.perm.buf = vec![0; total];
+        if self.perm.len() < map.buckets.len() {
+            self.perm.resize(map.buckets.len(), PermSlot::default());
         }
         if self.a.len() < result_max {
             self.a = vec![0; result_max];
@@ -80,54 +75,78 @@ fn bidx(b: &Bucket) -> usize {
 }
 
 /// `bucket_perm_choose`: pure function of (x, bucket, r % size), cached.
-fn perm_choose(perm: &mut Perm, b: &Bucket, x: i32, r: i32) -> i32 {
+fn perm_choose(perm: &mut [PermSlot], b: &Bucket, x: i32, r: i32) -> i32 {
     let size = b.items.len() as u32;
     let pr = (r as u32) % size;
-    let bi = bidx(b);
-    let off = perm.off[bi];
-    let p = &mut perm.buf[off..off + size as usize];
+    let slot = &mut perm[bidx(b)];
+    if slot.p.len() != size as usize {
+        // First use, or a map of another shape: start afresh.
+        slot.p.clear();
+        slot.p.resize(size as usize, 0);
+        slot.n = 0;
+    }
+    let p = &mut slot.p[..];
     let xu = x as u32;
-    if perm.x[bi] != xu || perm.n[bi] == 0 {
-        perm.x[bi] = xu;
+    if slot.x != xu || slot.n == 0 {
+        slot.x = xu;
         if pr == 0 {
             let s = hash32_3(xu, b.id as u32, 0) % size;
             p[0] = s;
-            perm.n[bi] = 0xffff;
+            slot.n = 0xffff;
             return b.items[s as usize];
         }
         for (i, v) in p.iter_mut().enumerate() {
             *v = i as u32;
         }
-        perm.n[bi] = 0;
-    } else if perm.n[bi] == 0xffff {
+        slot.n = 0;
+    } else if slot.n == 0xffff {
         for (i, v) in p.iter_mut().enumerate().skip(1) {
             *v = i as u32;
         }
         let s0 = p[0] as usize;
         p[s0] = 0;
-        perm.n[bi] = 1;
+        slot.n = 1;
     }
-    while perm.n[bi] <= pr {
-        let pn = perm.n[bi];
+    while slot.n <= pr {
+        let pn = slot.n;
         if pn < size - 1 {
             let i = hash32_3(xu, b.id as u32, pn) % (size - pn);
             if i != 0 {
                 p.swap((pn + i) as usize, pn as usize);
             }
         }
-        perm.n[bi] += 1;
+        slot.n += 1;
     }
     b.items[p[pr as usize] as usize]
 }
 
+/// Items `start..start + LANES` (fewer at the end) as hash lanes.
+#[inline(always)]
+fn lane_ids(ids: &[i32], start: usize) -> [u32; LANES] {
+    let mut l = [0u32; LANES];
+    for (d, &s) in l.iter_mut().zip(&ids[start..]) {
+        *d = s as u32;
+    }
+    l
+}
+
 #[inline]
 fn list_choose(b: &Bucket, x: u32, r: u32) -> i32 {
-    for i in (0..b.items.len()).rev() {
-        let h = hash32_4(x, b.items[i] as u32, r, b.id as u32) as u64 & 0xffff;
-        let w = (h * b.sum_weights[i] as u64) >> 16;
-        if w < b.item_weights[i] as u64 {
-            return b.items[i];
+    // From the last item down: the first whose scaled hash falls below its
+    // weight wins. Hashes are computed LANES at a time (speculatively: a
+    // few past the winner are wasted, which is cheaper than one at a time).
+    let mut end = b.items.len();
+    while end > 0 {
+        let start = end.saturating_sub(LANES);
+        let hs = hash32_4_lanes(x, &lane_ids(&b.items, start), r, b.id as u32);
+        for i in (start..end).rev() {
+            let h = hs[i - start] as u64 & 0xffff;
+            let w = (h * b.sum_weights[i] as u64) >> 16;
+            if w < b.item_weights[i] as u64 {
+                return b.items[i];
+            }
         }
+        end = start;
     }
     b.items[0]
 }
@@ -152,14 +171,20 @@ fn tree_choose(b: &Bucket, x: u32, r: u32) -> i32 {
 
 #[inline]
 fn straw_choose(b: &Bucket, x: u32, r: u32) -> i32 {
+    let n = b.items.len().min(b.straws.len());
     let mut high = 0;
     let mut high_draw = 0u64;
-    for (i, (&it, &s)) in b.items.iter().zip(&b.straws).enumerate() {
-        let draw = (hash32_3(x, it as u32, r) as u64 & 0xffff) * s as u64;
-        if i == 0 || draw > high_draw {
-            high = i;
-            high_draw = draw;
+    let mut start = 0;
+    while start < n {
+        let hs = hash32_3_lanes(x, &lane_ids(&b.items, start), r);
+        for i in start..n.min(start + LANES) {
+            let draw = (hs[i - start] as u64 & 0xffff) * b.straws[i] as u64;
+            if i == 0 || draw > high_draw {
+                high = i;
+                high_draw = draw;
+            }
         }
+        start += LANES;
     }
     b.items[high]
 }
@@ -177,25 +202,43 @@ fn straw2_choose(b: &Bucket, x: u32, r: u32, arg: Option<&ChooseArg>, position: 
             ids = &a.ids;
         }
     }
+    // Ceph: draw = (crush_ln(u) - 2^48) / w (s64 division, truncating), the
+    // largest draw wins, the first on ties. With n = 2^48 - crush_ln(u) in
+    // 0..=2^48 that is the smallest floor(n / w). floor(n / w) is computed
+    // in f64: n and w are exact, the quotient is correctly rounded, and it
+    // cannot round up to the next integer (that would need n/w within
+    // ulp/2 <= q*2^-53 of it, while a non-integer n/w is at least
+    // 1/w >= q*2^-48 away), so truncating it is exact, and a pipelined
+    // f64 divide is cheaper than a 64-bit integer divide.
+    let n = weights.len().min(ids.len());
     let mut high = 0;
-    let mut high_draw = i64::MIN;
-    for (i, (&w, &id)) in weights.iter().zip(ids).enumerate() {
-        let draw = if w != 0 {
-            let u = hash32_3(x, id as u32, r) & 0xffff;
-            ln_minus_one(u) / w as i64
-        } else {
-            i64::MIN
-        };
-        if i == 0 || draw > high_draw {
-            high = i;
-            high_draw = draw;
+    let mut low_q = u64::MAX;
+    let mut start = 0;
+    while start < n {
+        let hs = hash32_3_lanes(x, &lane_ids(ids, start), r);
+        for i in start..n.min(start + LANES) {
+            // A zero weight draws S64_MIN: it wins only as the first item
+            // (and stays the winner if every weight is zero).
+            let w = weights[i];
+            let q = if w != 0 {
+                let u = hs[i - start] & 0xffff;
+                let num = (-ln_minus_one(u)) as u64;
+                (num as f64 / w as f64) as u64
+            } else {
+                u64::MAX
+            };
+            if i == 0 || q < low_q {
+                high = i;
+                low_q = q;
+            }
         }
+        start += LANES;
     }
     b.items[high]
 }
 
 #[inline]
-fn bucket_choose(ctx: &Ctx, perm: &mut Perm, b: &Bucket, r: i32, position: i32) -> i32 {
+fn bucket_choose(ctx: &Ctx, perm: &mut [PermSlot], b: &Bucket, r: i32, position: i32) -> i32 {
     let x = ctx.x as u32;
     match b.alg {
         ALG_UNIFORM => perm_choose(perm, b, ctx.x, r),
@@ -227,7 +270,7 @@ fn is_out(ctx: &Ctx, item: i32) -> bool {
 #[allow(clippy::too_many_arguments)]
 fn choose_firstn(
     ctx: &Ctx,
-    perm: &mut Perm,
+    perm: &mut [PermSlot],
     bucket: &Bucket,
     numrep: i32,
     type_: i32,
@@ -374,7 +417,7 @@ fn choose_firstn(
 #[allow(clippy::too_many_arguments)]
 fn choose_indep(
     ctx: &Ctx,
-    perm: &mut Perm,
+    perm: &mut [PermSlot],
     bucket: &Bucket,
     mut left: i32,
     numrep: i32,
@@ -693,4 +736,42 @@ pub fn map_batch(
                 }
             },
         );
+}
+
+#[cfg(test)]
+mod tests {
+    /// straw2_choose's f64 floor division equals the integer one on the
+    /// whole input domain's edges and on random points.
+    #[test]
+    fn f64_floor_division_is_exact() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let edge_n = [0u64, 1, 2, (1 << 48) - 1, 1 << 48, 0xffff_ffff, 1 << 32];
+        let edge_w = [1u64, 2, 3, 0xffff, 0x10000, 0xffff_ffff, 0xffff_fffe, 7919];
+        let check = |n: u64, w: u64| {
+            assert_eq!((n as f64 / w as f64) as u64, n / w, "n={n} w={w}");
+        };
+        for &n in &edge_n {
+            for &w in &edge_w {
+                check(n, w);
+            }
+        }
+        for _ in 0..2_000_000 {
+            let n = next() % ((1 << 48) + 1);
+            let w = (next() >> (next() % 32)).max(1) & 0xffff_ffff;
+            check(n, w.max(1));
+            // Exact multiples and their neighbours.
+            let q = n / w.max(1);
+            for m in [q * w.max(1), (q * w.max(1)).saturating_sub(1)] {
+                if m <= 1 << 48 {
+                    check(m, w.max(1));
+                }
+            }
+        }
+    }
 }
