@@ -282,19 +282,28 @@ fn test(t: TestArgs) -> Result<ExitCode> {
         (o.min_x as i64, o.max_x as i64)
     };
     let total = (hx - lx + 1).max(0) as u64;
-    let show_bar = std::io::stdout().is_terminal() && total >= 1_000_000;
-    let mut last = std::time::Instant::now();
+    // A progress bar on stderr for long runs when stdout is a terminal.
+    let bar = if std::io::stdout().is_terminal() && total >= 1_000_000 {
+        let b = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "[{bar:30}] {percent:>3}% {human_pos}/{human_len} mappings, eta {eta}",
+            )
+            .expect("progress template")
+            .progress_chars("#>-"),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    // run_test reports mappings done per (rule, numrep) pass; the bar shows
+    // progress through the current pass.
     let mut progress = |done: u64| {
-        if show_bar && last.elapsed().as_millis() >= 200 {
-            last = std::time::Instant::now();
-            let pct = (done % total.max(1)) as f64 * 100.0 / total.max(1) as f64;
-            let filled = (pct / 2.5) as usize;
-            eprint!(
-                "\r[{}{}] {:5.1}%",
-                "#".repeat(filled),
-                " ".repeat(40 - filled.min(40)),
-                pct
-            );
+        if let Some(b) = &bar {
+            b.set_position(done.saturating_sub(1) % total.max(1) + 1);
         }
     };
     let res = pool.install(|| match &t.output {
@@ -313,8 +322,8 @@ fn test(t: TestArgs) -> Result<ExitCode> {
             anyhow::Ok(())
         }
     });
-    if show_bar {
-        eprint!("\r{}\r", " ".repeat(50));
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
     res?;
     Ok(ExitCode::SUCCESS)
