@@ -27,6 +27,8 @@ struct Reader<'a> {
     pos: usize,
     /// What is being decoded ("bucket -3", "rule 2"), prefixed to errors.
     ctx: String,
+    /// Also refuse what the mapper cannot run (see [`decode`]).
+    strict: bool,
 }
 
 impl<'a> Reader<'a> {
@@ -136,10 +138,26 @@ impl<'a> Reader<'a> {
 /// choose_args) are within the limits above. Errors name the byte offset
 /// and the part being read.
 pub fn decode(buf: &[u8]) -> Result<CrushMap> {
+    decode_with(buf, true)
+}
+
+/// Decode a map that Ceph accepts but that may not be mappable: retry
+/// tunables and `set_*_tries` above [`MAX_TRIES`], choose steps above
+/// [`MAX_STEP_NUMREP`] replicas, bucket cycles and hash types other than
+/// rjenkins1 are kept as they are (crushtool decompiles such maps, and so
+/// must `iolift crush decompile` / `info`). The format and allocation
+/// checks still apply. Never pass the result to the mapper without
+/// [`decode`]'s checks.
+pub fn decode_for_text(buf: &[u8]) -> Result<CrushMap> {
+    decode_with(buf, false)
+}
+
+fn decode_with(buf: &[u8], strict: bool) -> Result<CrushMap> {
     let mut r = Reader {
         buf,
         pos: 0,
         ctx: String::new(),
+        strict,
     };
     let magic = r.u32("magic")?;
     if magic != MAGIC {
@@ -183,7 +201,9 @@ pub fn decode(buf: &[u8]) -> Result<CrushMap> {
         buckets.push(Some(decode_bucket(&mut r, slot, alg)?));
     }
     r.ctx.clear();
-    check_acyclic(&buckets).or_else(|msg| r.corrupt(msg))?;
+    if r.strict {
+        check_acyclic(&buckets).or_else(|msg| r.corrupt(msg))?;
+    }
     let mut rules = Vec::with_capacity(max_rules as usize);
     for ruleno in 0..max_rules {
         r.ctx = format!("rule {ruleno}");
@@ -213,7 +233,7 @@ pub fn decode(buf: &[u8]) -> Result<CrushMap> {
                 | OP_SET_CHOOSE_LOCAL_FALLBACK_TRIES => arg1 > MAX_TRIES as i32,
                 _ => false,
             };
-            if bad {
+            if bad && r.strict {
                 return r.corrupt_at(
                     at,
                     format!(
@@ -263,7 +283,7 @@ pub fn decode(buf: &[u8]) -> Result<CrushMap> {
         .into_iter()
         .enumerate()
         {
-            if v > MAX_TRIES {
+            if v > MAX_TRIES && r.strict {
                 return r.corrupt_at(
                     at + 4 * i,
                     format!("tunable {name} {v} out of range (at most {MAX_TRIES})"),
@@ -463,7 +483,7 @@ fn decode_bucket(r: &mut Reader, slot: i32, alg32: u32) -> Result<Bucket> {
     if id != -1 - slot {
         return r.corrupt_at(at, format!("holds id {id}, expected {}", -1 - slot));
     }
-    if hash != 0 {
+    if hash != 0 && r.strict {
         // Ceph's crush_hash32_* return 0 for any other hash type.
         return r.corrupt_at(
             at + 7,

@@ -314,6 +314,23 @@ fn check_error(e: &CrushError) -> Result<(), String> {
 
 /// Decode one input and exercise the result. Err(description) on a bug.
 fn one_case(input: &[u8]) -> Result<bool, String> {
+    // The lenient decode (decompile, info) and the decompiler must not
+    // panic either, whatever they are given.
+    match catch_unwind(AssertUnwindSafe(|| {
+        iolift_crush::decode::decode_for_text(input).map(|m| {
+            let _ = iolift_crush::decompile::decompile_partial(&m);
+            let _ = iolift_crush::decompile::info(&m);
+        })
+    })) {
+        Err(p) => {
+            return Err(format!(
+                "decode_for_text/decompile panicked: {}",
+                panic_msg(&p)
+            ))
+        }
+        Ok(Err(e)) => check_error(&e)?,
+        Ok(Ok(())) => {}
+    }
     match catch_unwind(AssertUnwindSafe(|| decode(input))) {
         Err(p) => Err(format!("decode panicked: {}", panic_msg(&p))),
         Ok(Err(e)) => check_error(&e).map(|_| false),

@@ -144,6 +144,14 @@ fn load(path: &str) -> Result<CrushMap> {
     iolift_crush::decode(&buf).with_context(|| format!("decoding crush map {path}"))
 }
 
+/// For decompile and info: also maps Ceph accepts but the mapper refuses
+/// (huge retry counts, bucket cycles, ...), as crushtool -d shows them.
+fn load_for_text(path: &str) -> Result<CrushMap> {
+    let buf = std::fs::read(path).with_context(|| format!("reading crush map {path}"))?;
+    iolift_crush::decode::decode_for_text(&buf)
+        .with_context(|| format!("decoding crush map {path}"))
+}
+
 pub fn run(a: CrushArgs) -> Result<ExitCode> {
     match a.cmd {
         CrushCmd::Test(t) => test(t),
@@ -158,8 +166,12 @@ pub fn run(a: CrushArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         CrushCmd::Decompile(d) => {
-            let map = load(&d.input)?;
-            let text = iolift_crush::decompile::decompile(&map);
+            let map = load_for_text(&d.input)?;
+            let (text, stopped) = iolift_crush::decompile::decompile_partial(&map);
+            if let Some(why) = stopped {
+                // crushtool -d prints what it could and says why on stderr.
+                eprintln!("{why}");
+            }
             match d.output {
                 Some(p) => std::fs::write(&p, text).with_context(|| format!("writing {p}"))?,
                 None => std::io::stdout().write_all(text.as_bytes())?,
@@ -167,7 +179,7 @@ pub fn run(a: CrushArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         CrushCmd::Info(i) => {
-            let map = load(&i.input)?;
+            let map = load_for_text(&i.input)?;
             print!("{}", iolift_crush::decompile::info(&map));
             Ok(ExitCode::SUCCESS)
         }
