@@ -161,6 +161,9 @@ struct Entry {
     tick: Option<u64>,
 }
 
+/// Write-backs in flight below at once, per batch of runs.
+const WB_WINDOW: usize = 64;
+
 /// A write-back run: first block, end block, busy id, data, generations.
 type Run = (u64, u64, u64, Bytes, Vec<u64>);
 
@@ -790,66 +793,79 @@ impl Inner {
             .unwrap_or(Err(Errno::EIO))
     }
 
+    /// Writes `runs` below, at most [`WB_WINDOW`] at a time, and settles
+    /// each run as soon as its write completes: its blocks stop being busy
+    /// and turn clean (if unchanged since the snapshot), so writers held
+    /// by the dirty limit resume with the first completion rather than
+    /// the last.
     async fn finish_write_back(&self, runs: Vec<Run>) -> Result<usize, Errno> {
         let bs = self.bs();
-        let mut results = Vec::with_capacity(runs.len());
-        for chunk in runs.chunks(64) {
-            let hs: Vec<_> = chunk
-                .iter()
-                .map(|r| {
-                    self.writebacks.fetch_add(1, Relaxed);
-                    self.writeback_bytes.fetch_add(r.3.len() as u64, Relaxed);
-                    tokio::spawn(self.below.submit(Request::Write {
-                        offset: r.0 * bs,
-                        data: r.3.clone(),
-                        flags: Flags::NONE,
-                    }))
-                })
-                .collect();
-            for h in hs {
-                results.push(h.await.unwrap_or(Err(Errno::EIO)));
-            }
-        }
+        let mut set = tokio::task::JoinSet::new();
+        let mut index: HashMap<tokio::task::Id, usize> = HashMap::new();
+        let mut next = 0;
         let mut err = None;
-        {
-            let mut st = self.lock();
-            for (r, res) in runs.iter().zip(results) {
-                if let Some(p) = st.busy.iter().position(|x| x.2 == r.2) {
-                    st.busy.swap_remove(p);
-                }
-                if let Err(e) = res {
-                    err = Some(e);
-                    continue;
-                }
-                for (x, &g) in (r.0..r.1).zip(&r.4) {
-                    let mut clean = false;
-                    if let Some(en) = st.map.get_mut(&x) {
-                        en.flushed_gen = en.flushed_gen.max(g);
-                        clean = en.dirty && en.gen == g;
-                    }
-                    trace!("T wb_done b={x} g={g} clean={clean}");
-                    if clean {
-                        st.tick += 1;
-                        let t = st.tick;
-                        let en = st.map.get_mut(&x).expect("present");
-                        en.dirty = false;
-                        en.tick = Some(t);
-                        let l = en.data.len() as u64;
-                        let seq = en.dirty_seq;
-                        st.dirty_fifo.remove(&seq);
-                        st.lru.insert(t, x);
-                        st.dirty.remove(&x);
-                        st.dirty_bytes -= l;
-                    }
-                }
+        loop {
+            while next < runs.len() && set.len() < WB_WINDOW {
+                let r = &runs[next];
+                self.writebacks.fetch_add(1, Relaxed);
+                self.writeback_bytes.fetch_add(r.3.len() as u64, Relaxed);
+                let fut = self.below.submit(Request::Write {
+                    offset: r.0 * bs,
+                    data: r.3.clone(),
+                    flags: Flags::NONE,
+                });
+                index.insert(set.spawn(fut).id(), next);
+                next += 1;
             }
-            self.evict(&mut st);
+            let (id, res) = match set.join_next_with_id().await {
+                Some(Ok((id, res))) => (id, res),
+                Some(Err(e)) => (e.id(), Err(Errno::EIO)),
+                None => break,
+            };
+            let Some(i) = index.remove(&id) else { continue };
+            if let Err(e) = res {
+                err.get_or_insert(e);
+            }
+            self.settle(&runs[i], res.is_ok());
+            self.changed.notify_waiters();
         }
-        self.changed.notify_waiters();
         match err {
             Some(e) => Err(e),
             None => Ok(runs.len()),
         }
+    }
+
+    /// Ends one write-back run: its range is no longer busy and, if the
+    /// write succeeded, each block still at the written generation is clean.
+    fn settle(&self, r: &Run, ok: bool) {
+        let mut st = self.lock();
+        if let Some(p) = st.busy.iter().position(|x| x.2 == r.2) {
+            st.busy.swap_remove(p);
+        }
+        if ok {
+            for (x, &g) in (r.0..r.1).zip(&r.4) {
+                let mut clean = false;
+                if let Some(en) = st.map.get_mut(&x) {
+                    en.flushed_gen = en.flushed_gen.max(g);
+                    clean = en.dirty && en.gen == g;
+                }
+                trace!("T wb_done b={x} g={g} clean={clean}");
+                if clean {
+                    st.tick += 1;
+                    let t = st.tick;
+                    let en = st.map.get_mut(&x).expect("present");
+                    en.dirty = false;
+                    en.tick = Some(t);
+                    let l = en.data.len() as u64;
+                    let seq = en.dirty_seq;
+                    st.dirty_fifo.remove(&seq);
+                    st.lru.insert(t, x);
+                    st.dirty.remove(&x);
+                    st.dirty_bytes -= l;
+                }
+            }
+        }
+        self.evict(&mut st);
     }
 
     /// Writes back until every block of `set` has had a snapshot at least
@@ -1164,5 +1180,109 @@ impl BlockDev for CacheDev {
             r?;
             i.below.close().await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryDev;
+    use crate::block::BlockDevExt;
+    use tokio::sync::Semaphore;
+
+    /// Memory whose writes each wait for a permit, so a test decides when
+    /// each write-back completes.
+    struct Gate {
+        mem: Arc<MemoryDev>,
+        permits: Arc<Semaphore>,
+        started: Arc<AtomicU64>,
+    }
+
+    impl BlockDev for Gate {
+        fn info(&self) -> DevInfo {
+            self.mem.info()
+        }
+        fn submit(&self, req: Request) -> IoFuture {
+            if !matches!(req, Request::Write { .. }) {
+                return self.mem.submit(req);
+            }
+            self.started.fetch_add(1, Relaxed);
+            let (p, mem) = (self.permits.clone(), self.mem.clone());
+            Box::pin(async move {
+                p.acquire().await.expect("open").forget();
+                mem.submit(req).await
+            })
+        }
+        fn name(&self) -> String {
+            "gate".into()
+        }
+    }
+
+    /// A writer held at the dirty limit resumes as soon as one write-back
+    /// completes, not when the whole batch of write-backs has.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn throttled_writer_resumes_on_first_write_back() {
+        let mem = Arc::new(MemoryDev::new(64 << 20));
+        let permits = Arc::new(Semaphore::new(0));
+        let started = Arc::new(AtomicU64::new(0));
+        let gate = Arc::new(Gate {
+            mem: mem.clone(),
+            permits: permits.clone(),
+            started: started.clone(),
+        });
+        let cache = CacheDev::new(
+            gate,
+            CacheConfig {
+                size: 4 << 20,
+                block: 4096,
+                mode: Mode::WriteBack,
+                dirty_limit: 256 << 10,
+                dirty_target: 128 << 10,
+                max_age: Duration::from_secs(3600),
+                name: "wbtest".into(),
+            },
+        );
+        // 64 scattered (unmergeable) dirty blocks: exactly the limit.
+        for i in 0..64u64 {
+            let r = cache
+                .write(i * 8192, Bytes::from(vec![i as u8 + 1; 4096]), Flags::NONE)
+                .await;
+            assert_eq!(r, Ok(Reply::Done(4096)));
+        }
+        assert_eq!(cache.dirty_bytes(), 256 << 10);
+        // Over the limit: this one waits for write-back.
+        let held = tokio::spawn(cache.write(1 << 20, Bytes::from(vec![0xAA; 4096]), Flags::NONE));
+        // The flusher starts writing back (down to the target: 32 runs).
+        for _ in 0..2000 {
+            if started.load(Relaxed) >= 32 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            started.load(Relaxed) >= 32,
+            "write-backs started: {started:?}"
+        );
+        assert!(!held.is_finished(), "writer went past the dirty limit");
+        // One write-back completes: the writer must go on while the others
+        // are still held below.
+        permits.add_permits(1);
+        let r = tokio::time::timeout(Duration::from_secs(10), held)
+            .await
+            .expect("writer still held after a write-back completed")
+            .expect("task");
+        assert_eq!(r, Ok(Reply::Done(4096)));
+        assert!(cache.dirty_bytes() > 128 << 10);
+        // Let everything through; a flush leaves nothing dirty and the data
+        // below is what was written.
+        permits.add_permits(10_000);
+        cache.flush().await.unwrap();
+        assert_eq!(cache.dirty_bytes(), 0);
+        for i in 0..64u64 {
+            let d = mem.read(i * 8192, 4096).await.unwrap();
+            assert!(d.iter().all(|&b| b == i as u8 + 1), "block {i}");
+        }
+        let d = mem.read(1 << 20, 4096).await.unwrap();
+        assert!(d.iter().all(|&b| b == 0xAA));
     }
 }
