@@ -22,7 +22,9 @@
 //! (default `librbd.so.1`, `librados.so.2`).
 
 use super::BackendSpec;
-use crate::block::{BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
+use crate::block::{
+    BlockDev, Callback, Completion, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request,
+};
 use anyhow::{anyhow, bail, Result};
 use bytes::Bytes;
 use libloading::Library;
@@ -445,40 +447,63 @@ enum AioBuf {
     Write(Bytes),
 }
 
+/// Where an aio's result goes.
+enum Sink {
+    /// To a future waiting on the receiver.
+    Future(oneshot::Sender<(isize, AioBuf)>),
+    /// Straight to a function, called on librbd's completion thread.
+    Call(Box<dyn FnOnce(isize, AioBuf) + Send>),
+}
+
+impl Sink {
+    fn deliver(self, r: isize, buf: AioBuf) {
+        match self {
+            // The receiver may be gone (request abandoned); the buffer drops here.
+            Sink::Future(tx) => {
+                let _ = tx.send((r, buf));
+            }
+            Sink::Call(f) => f(r, buf),
+        }
+    }
+}
+
 /// Owned by librbd between submission and the callback.
 struct AioCtx {
-    tx: oneshot::Sender<(isize, AioBuf)>,
+    sink: Sink,
     buf: AioBuf,
 }
 
-/// librbd's completion callback: hands the result and the buffer back to
-/// the waiting future and releases the completion.
+/// librbd's completion callback: hands the result and the buffer on and
+/// releases the completion.
 unsafe extern "C" fn aio_done(c: CompletionT, arg: *mut c_void) {
     // The callback only exists after `api()` succeeded.
     let Some(Ok(api)) = API.get() else { return };
     // SAFETY: `c` is the completion librbd is finishing; `arg` is the
-    // AioCtx leaked by `aio` for exactly this completion.
+    // AioCtx leaked by `aio_start` for exactly this completion.
     let (r, ctx) = unsafe {
         let r = (api.rbd_aio_get_return_value)(c);
         (api.rbd_aio_release)(c);
         (r, Box::from_raw(arg as *mut AioCtx))
     };
-    let AioCtx { tx, buf } = *ctx;
-    // The receiver may be gone (request abandoned); the buffer drops here.
-    let _ = tx.send((r, buf));
+    let AioCtx { sink, buf } = *ctx;
+    // A panic must not unwind into librbd's C++ thread.
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink.deliver(r, buf)));
+    if ok.is_err() {
+        tracing::error!("rbd: a completion callback panicked");
+    }
 }
 
 /// Starts one aio: `start` gets the api, image, completion and the buffer
 /// pointer (read: writable, write: readable, else null) and returns
-/// librbd's submission code.
-fn aio(
+/// librbd's submission code. On failure the sink comes back undelivered.
+fn aio_start(
     h: &Handles,
     buf: AioBuf,
+    sink: Sink,
     start: impl FnOnce(&Api, ImageT, CompletionT, *mut u8) -> c_int,
-) -> Result<oneshot::Receiver<(isize, AioBuf)>, Errno> {
+) -> Result<(), (Errno, Sink)> {
     let api = h.api;
-    let (tx, rx) = oneshot::channel();
-    let mut ctx = Box::new(AioCtx { tx, buf });
+    let mut ctx = Box::new(AioCtx { sink, buf });
     // The heap buffers do not move when the box is leaked.
     let p = match &mut ctx.buf {
         AioBuf::None => ptr::null_mut(),
@@ -491,27 +516,78 @@ fn aio(
     let r = unsafe { (api.rbd_aio_create_completion)(arg as *mut c_void, aio_done, &mut c) };
     if r < 0 {
         // SAFETY: not handed to librbd; reclaim it.
-        drop(unsafe { Box::from_raw(arg) });
-        return Err(Errno(-r));
+        let ctx = unsafe { Box::from_raw(arg) };
+        return Err((Errno(-r), ctx.sink));
     }
     let r = start(api, h.image, c, p);
     if r < 0 {
         // Not queued: librbd will not call back. Release and reclaim.
         // SAFETY: the completion and arg are still ours.
-        unsafe {
+        let ctx = unsafe {
             (api.rbd_aio_release)(c);
-            drop(Box::from_raw(arg));
-        }
-        return Err(Errno(-r));
+            Box::from_raw(arg)
+        };
+        return Err((Errno(-r), ctx.sink));
     }
+    Ok(())
+}
+
+/// [`aio_start`] with a future's receiver as the sink.
+fn aio(
+    h: &Handles,
+    buf: AioBuf,
+    start: impl FnOnce(&Api, ImageT, CompletionT, *mut u8) -> c_int,
+) -> Result<oneshot::Receiver<(isize, AioBuf)>, Errno> {
+    let (tx, rx) = oneshot::channel();
+    aio_start(h, buf, Sink::Future(tx), start).map_err(|(e, _)| e)?;
     Ok(rx)
+}
+
+/// [`aio_start`] with a callback as the sink; a submission failure is
+/// delivered to it as a negative return value.
+fn aio_call(
+    h: &Handles,
+    buf: AioBuf,
+    f: impl FnOnce(isize, AioBuf) + Send + 'static,
+    start: impl FnOnce(&Api, ImageT, CompletionT, *mut u8) -> c_int,
+) {
+    if let Err((e, sink)) = aio_start(h, buf, Sink::Call(Box::new(f)), start) {
+        sink.deliver(-(e.0 as isize), AioBuf::None);
+    }
+}
+
+/// A librbd return value as a result.
+fn rc(r: isize) -> Result<usize, Errno> {
+    if r < 0 {
+        Err(Errno((-r).min(i32::MAX as isize) as i32))
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// A finished read: librbd filled `r` bytes of the buffer's capacity (a
+/// short read, past the end, is zero-filled).
+fn read_done(r: isize, buf: AioBuf, len: usize) -> Completion {
+    let n = rc(r)?.min(len);
+    let AioBuf::Read(mut v) = buf else {
+        return Err(Errno::EIO);
+    };
+    if v.capacity() < len {
+        return Err(Errno::EIO);
+    }
+    // SAFETY: librbd filled the first n bytes; zero the rest, then all
+    // `len` bytes of capacity are initialised.
+    unsafe {
+        ptr::write_bytes(v.as_mut_ptr().add(n), 0, len - n);
+        v.set_len(len);
+    }
+    Ok(Reply::Data(Bytes::from(v)))
 }
 
 /// Waits for an aio's callback; maps a negative return value to an errno.
 async fn wait(rx: oneshot::Receiver<(isize, AioBuf)>) -> Result<(isize, AioBuf), Errno> {
     match rx.await {
-        Ok((r, _)) if r < 0 => Err(Errno((-r).min(i32::MAX as isize) as i32)),
-        Ok(v) => Ok(v),
+        Ok((r, buf)) => rc(r).map(|_| (r, buf)),
         Err(_) => Err(Errno::EIO),
     }
 }
@@ -563,18 +639,11 @@ impl RbdDev {
             },
         );
         Box::pin(async move {
-            let (r, buf) = wait(rx?).await?;
-            let AioBuf::Read(mut v) = buf else {
-                return Err(Errno::EIO);
-            };
-            let n = (r as usize).min(len);
-            // SAFETY: librbd filled the first n bytes; zero the rest, then
-            // all `len` bytes of capacity are initialised.
-            unsafe {
-                ptr::write_bytes(v.as_mut_ptr().add(n), 0, len - n);
-                v.set_len(len);
+            let rx = rx?;
+            match rx.await {
+                Ok((r, buf)) => read_done(r, buf, len),
+                Err(_) => Err(Errno::EIO),
             }
-            Ok(Reply::Data(Bytes::from(v)))
         })
     }
 
@@ -718,6 +787,48 @@ impl BlockDev for RbdDev {
         i.can_fast_zero = self.h.api.rbd_aio_write_zeroes.is_some();
         i.pref_block = 4096;
         i
+    }
+
+    fn native_callbacks(&self) -> bool {
+        true
+    }
+
+    /// Reads and plain (non-FUA) writes call back from librbd's completion
+    /// thread; everything else goes through [`submit`](Self::submit).
+    fn submit_cb(&self, req: Request, cb: Callback) {
+        let ok = req.check_range(self.size).is_ok()
+            && !(self.read_only && req.kind() == crate::block::OpKind::Write);
+        match req {
+            Request::Read { offset, len } if ok => {
+                let len = len as usize;
+                aio_call(
+                    &self.h,
+                    AioBuf::Read(Vec::with_capacity(len)),
+                    move |r, buf| cb(read_done(r, buf, len)),
+                    // SAFETY: p points to the Vec's `len` bytes of capacity.
+                    |api, img, c, p| unsafe {
+                        (api.rbd_aio_read)(img, offset, len, p as *mut c_char, c)
+                    },
+                );
+            }
+            Request::Write {
+                offset,
+                data,
+                flags,
+            } if ok && !flags.fua => {
+                let len = data.len();
+                aio_call(
+                    &self.h,
+                    AioBuf::Write(data),
+                    move |r, _| cb(rc(r).map(|_| Reply::Done(len as u64))),
+                    // SAFETY: p points to `len` bytes kept alive by the context.
+                    |api, img, c, p| unsafe {
+                        (api.rbd_aio_write)(img, offset, len, p as *const c_char, c)
+                    },
+                );
+            }
+            req => crate::block::drive(self.submit(req), cb),
+        }
     }
 
     fn submit(&self, req: Request) -> IoFuture {

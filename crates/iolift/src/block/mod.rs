@@ -25,6 +25,19 @@ pub type Completion = Result<Reply, Errno>;
 /// A shared handle on a device (a backend or the top of a stage stack).
 pub type DevRef = Arc<dyn BlockDev>;
 
+/// A completion callback (DeLiBA's completion semantics): called exactly
+/// once, on whatever thread completes the request.
+pub type Callback = Box<dyn FnOnce(Completion) + Send + 'static>;
+
+/// Polls a future once with a no-op waker: `Some` if already complete.
+pub fn poll_once(f: &mut IoFuture) -> Option<Completion> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(c) => Some(c),
+        std::task::Poll::Pending => None,
+    }
+}
+
 /// Wraps an already-known completion as an [`IoFuture`].
 pub fn ready(c: Completion) -> IoFuture {
     Box::pin(std::future::ready(c))
@@ -285,6 +298,31 @@ pub trait BlockDev: Send + Sync + 'static {
     /// Flushes and releases resources at shutdown.
     fn close(&self) -> IoFuture {
         self.submit(Request::Flush)
+    }
+    /// True if [`submit_cb`](Self::submit_cb) calls back from the thread
+    /// that completes the I/O (librbd's), without a hop through the async
+    /// runtime; front-ends then prefer it for requests that do not complete
+    /// at once.
+    fn native_callbacks(&self) -> bool {
+        false
+    }
+    /// Starts one request and calls `cb` with its completion. The default
+    /// drives [`submit`](Self::submit)'s future: at once if it is already
+    /// complete, else in a task of the current tokio runtime (so it must be
+    /// called from one).
+    fn submit_cb(&self, req: Request, cb: Callback) {
+        drive(self.submit(req), cb)
+    }
+}
+
+/// Calls `cb` with the completion of `f`: at once if it is already
+/// complete, else from a task of the current tokio runtime.
+pub fn drive(mut f: IoFuture, cb: Callback) {
+    match poll_once(&mut f) {
+        Some(c) => cb(c),
+        None => {
+            tokio::spawn(async move { cb(f.await) });
+        }
     }
 }
 

@@ -17,12 +17,9 @@
 use super::proto::*;
 use super::wire::{self, Action, Fatal, Opt, Session};
 use super::Server;
-use crate::block::{Completion, Errno, IoFuture, Reply, Request};
+use crate::block::{poll_once, Completion, Errno, Reply, Request};
 use bytes::{Bytes, BytesMut};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch, Mutex, OwnedSemaphorePermit, Semaphore};
 
@@ -54,7 +51,7 @@ pub async fn serve<R, W>(
     mut shutdown: watch::Receiver<bool>,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: ReplyWriter,
 {
     let mut rd = BufReader::with_capacity(READ_BUF, rd);
     let hs = handshake(&server, &mut rd, &mut wr);
@@ -274,12 +271,26 @@ struct Done {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
-/// Polls a future once with a no-op waker: `Some` if already complete.
-fn poll_once(f: &mut IoFuture) -> Option<Completion> {
-    let mut cx = Context::from_waker(Waker::noop());
-    match Pin::new(f).poll(&mut cx) {
-        Poll::Ready(c) => Some(c),
-        Poll::Pending => None,
+/// The write half of a connection. Sockets can also be written without
+/// awaiting, from any thread: a device that completes requests on threads
+/// of its own (librbd) then sends the reply from there, with no hop
+/// through the runtime.
+pub trait ReplyWriter: AsyncWrite + Unpin + Send + 'static {
+    /// Writes what the socket takes now; `WouldBlock` if nothing.
+    fn try_write_now(&self, _buf: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::WouldBlock.into())
+    }
+}
+
+impl ReplyWriter for tokio::net::unix::OwnedWriteHalf {
+    fn try_write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.try_write(buf)
+    }
+}
+
+impl ReplyWriter for tokio::net::tcp::OwnedWriteHalf {
+    fn try_write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.try_write(buf)
     }
 }
 
@@ -292,7 +303,7 @@ async fn transmission<R, W>(
     mut shutdown: watch::Receiver<bool>,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: ReplyWriter,
 {
     let s = neg.session;
     let dev = neg.export.dev.clone();
@@ -312,6 +323,11 @@ async fn transmission<R, W>(
     let cap = cap.min(Semaphore::MAX_PERMITS as u64) as usize;
     let sem = Arc::new(Semaphore::new(cap));
     let mut hb = [0u8; REQUEST_LEN];
+    // Requests that do not complete at once: answered from the device's
+    // own completion thread if it has one, else by the writer task.
+    let native = dev.native_callbacks();
+    let rt = tokio::runtime::Handle::current();
+    let peer_arc: Arc<str> = peer.as_str().into();
     loop {
         // Only wait on shutdown when the next header is not buffered yet.
         let r = if rd.buffer().len() >= REQUEST_LEN {
@@ -414,6 +430,18 @@ async fn transmission<R, W>(
             }
             Action::Submit(r) => r,
         };
+        if native {
+            let (out, tx, rt, peer) = (out.clone(), tx.clone(), rt.clone(), peer_arc.clone());
+            let structured = s.structured;
+            dev.submit_cb(
+                req,
+                Box::new(move |c| {
+                    done.result = c;
+                    reply_now(out, done, structured, tx, &rt, peer);
+                }),
+            );
+            continue;
+        }
         let mut fut = dev.submit(req);
         match poll_once(&mut fut) {
             Some(c) => {
@@ -481,6 +509,66 @@ async fn out_write<W: AsyncWrite + Unpin>(
         return false;
     }
     true
+}
+
+/// Sends one reply from the calling thread (any thread) if the socket is
+/// free and takes it; a reply the socket only partly takes is finished by
+/// a task that keeps the socket locked meanwhile. If another reply is
+/// being written, this one goes to the writer task instead.
+fn reply_now<W: ReplyWriter>(
+    out: Arc<Mutex<Out<W>>>,
+    d: Done,
+    structured: bool,
+    tx: mpsc::UnboundedSender<Done>,
+    rt: &tokio::runtime::Handle,
+    peer: Arc<str>,
+) {
+    let mut g = match out.try_lock_owned() {
+        Ok(g) => g,
+        Err(_) => {
+            let _ = tx.send(d);
+            return;
+        }
+    };
+    if g.failed {
+        return;
+    }
+    let mut buf = BytesMut::with_capacity(64 + (d.len as usize).min(COPY_LIMIT));
+    let mut big = encode(&mut buf, d, structured).unwrap_or_default();
+    loop {
+        let part = if !buf.is_empty() { &buf[..] } else { &big[..] };
+        if part.is_empty() {
+            return;
+        }
+        match g.w.try_write_now(part) {
+            Ok(0) => break,
+            Ok(n) if !buf.is_empty() => {
+                let _ = buf.split_to(n);
+            }
+            Ok(n) => {
+                let _ = big.split_to(n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => {
+                tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
+                g.failed = true;
+                return;
+            }
+        }
+    }
+    rt.spawn(async move {
+        let mut r = g.w.write_all(&buf).await;
+        if r.is_ok() {
+            r = g.w.write_all(&big).await;
+        }
+        if r.is_ok() {
+            r = g.w.flush().await;
+        }
+        if let Err(e) = r {
+            tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
+            g.failed = true;
+        }
+    });
 }
 
 /// Encodes one reply into `out`; returns large read data to be written

@@ -1147,3 +1147,132 @@ async fn fuzz_live_server() {
         .expect("server stops after fuzzing")
         .unwrap();
 }
+
+// ------------------------------------ devices that call back on own threads
+
+/// Memory whose `submit_cb` completes on a thread of its own (as librbd
+/// does), after a short delay, or at once on the caller's thread for every
+/// third request.
+struct ThreadedDev {
+    mem: Arc<MemoryDev>,
+    n: std::sync::atomic::AtomicU64,
+}
+
+impl crate::block::BlockDev for ThreadedDev {
+    fn info(&self) -> crate::block::DevInfo {
+        self.mem.info()
+    }
+    fn submit(&self, req: Request) -> crate::block::IoFuture {
+        self.mem.submit(req)
+    }
+    fn name(&self) -> String {
+        "threaded".into()
+    }
+    fn native_callbacks(&self) -> bool {
+        true
+    }
+    fn submit_cb(&self, req: Request, cb: crate::block::Callback) {
+        let i = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut f = self.mem.submit(req);
+        let c = crate::block::poll_once(&mut f).expect("memory completes at once");
+        if i.is_multiple_of(3) {
+            cb(c);
+        } else {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_micros(50 * (i % 7)));
+                cb(c)
+            });
+        }
+    }
+}
+
+/// Replies sent from the device's completion threads: every request is
+/// answered exactly once with the right data, including reads larger than
+/// the socket takes at once (finished by a task holding the socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_from_device_threads() {
+    let cfg = ServerCfg {
+        max_request: 4 << 20,
+        ..ServerCfg::default()
+    };
+    let export = Export {
+        name: "".into(),
+        dev: Arc::new(ThreadedDev {
+            mem: Arc::new(MemoryDev::new(256 << 20)),
+            n: Default::default(),
+        }),
+        read_only: false,
+        description: "threaded".into(),
+    };
+    let ts = start(vec![export], None, cfg).await;
+    for structured in [true, false] {
+        let (s, _, _) = connect(&ts.path, "", structured).await;
+        let (mut rd, mut wr) = s.into_split();
+        let lens: Vec<u32> = (0..48u32)
+            .map(|i| [4096, 65536, 4 << 20][(i % 3) as usize])
+            .collect();
+        let client = tokio::spawn(async move {
+            for (i, &len) in lens.iter().enumerate() {
+                let off = i as u64 * (4 << 20);
+                let mut out = req_bytes(0, CMD_WRITE, i as u64, off, len);
+                out.extend(std::iter::repeat_n(i as u8 + 1, len as usize));
+                wr.write_all(&out).await.unwrap();
+            }
+            for (i, &len) in lens.iter().enumerate() {
+                let off = i as u64 * (4 << 20);
+                wr.write_all(&req_bytes(0, CMD_READ, 1000 + i as u64, off, len))
+                    .await
+                    .unwrap();
+            }
+            (wr, lens)
+        });
+        // Read replies while the client is still sending.
+        let mut seen = std::collections::HashSet::new();
+        let mut n = 0;
+        while n < 96 {
+            let magic = tokio::time::timeout(Duration::from_secs(60), rd.read_u32())
+                .await
+                .expect("a reply is missing")
+                .unwrap();
+            let (cookie, data) = if magic == SIMPLE_REPLY_MAGIC {
+                assert_eq!(rd.read_u32().await.unwrap(), 0, "error reply");
+                let c = rd.read_u64().await.unwrap();
+                let len = if c >= 1000 {
+                    [4096, 65536, 4 << 20][((c - 1000) % 3) as usize]
+                } else {
+                    0
+                };
+                let mut d = vec![0u8; len];
+                rd.read_exact(&mut d).await.unwrap();
+                (c, d)
+            } else {
+                assert_eq!(magic, STRUCTURED_REPLY_MAGIC);
+                let f = rd.read_u16().await.unwrap();
+                let t = rd.read_u16().await.unwrap();
+                assert_eq!((f, t), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA));
+                let c = rd.read_u64().await.unwrap();
+                let len = rd.read_u32().await.unwrap();
+                let mut d = vec![0u8; len as usize];
+                rd.read_exact(&mut d).await.unwrap();
+                (c, d[8..].to_vec())
+            };
+            assert!(seen.insert(cookie), "cookie {cookie} answered twice");
+            if cookie >= 1000 {
+                let i = cookie - 1000;
+                assert!(
+                    data.iter().all(|&b| b == i as u8 + 1),
+                    "read {i}: wrong data"
+                );
+            }
+            n += 1;
+        }
+        let (mut wr, _) = client.await.unwrap();
+        wr.write_all(&req_bytes(0, CMD_DISC, 0, 0, 0))
+            .await
+            .unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(rd.read(&mut b).await.unwrap(), 0);
+    }
+    ts.stop.send(true).unwrap();
+    ts.task.await.unwrap();
+}
