@@ -8,9 +8,15 @@
 //! by the reader itself: its reply is encoded into the reader's batch
 //! buffer, written just before the reader would wait for the socket again
 //! (so a burst of 32 requests gets one write, and queue depth 1 needs no
-//! task switch). Other requests get a task; their completions go through
-//! an unbounded channel to the writer task, which batches the same way.
-//! Both write through one `tokio::sync::Mutex` around the write half.
+//! task switch). On a device with native callbacks (librbd's completion
+//! thread, [`BlockDev::submit_cb`](crate::block::BlockDev::submit_cb)) the
+//! reply is sent from the completing thread itself if the socket is free
+//! (a non-blocking write; a task finishes what the socket did not take),
+//! which saves a wake-up of a runtime worker per request. Other requests
+//! get a task; their completions (and callbacks that found the socket
+//! busy) go through an unbounded channel to the writer task, which batches
+//! the same way. All write through one `tokio::sync::Mutex` around the
+//! write half.
 //! In-flight memory is capped per connection by a semaphore counted in
 //! bytes, so a client that never reads its replies stops being read.
 
