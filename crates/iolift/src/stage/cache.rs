@@ -207,6 +207,8 @@ struct Inner {
     writebacks: AtomicU64,
     writeback_bytes: AtomicU64,
     evictions: AtomicU64,
+    /// Bytes of writes waiting at the dirty limit.
+    throttled: AtomicU64,
 }
 
 pub struct CacheDev {
@@ -231,6 +233,7 @@ impl CacheDev {
             writebacks: AtomicU64::new(0),
             writeback_bytes: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
         });
         metrics::register(inner.clone());
         let dev = CacheDev {
@@ -596,8 +599,18 @@ impl Inner {
         }
     }
 
-    /// Waits while dirty data is over the limit.
+    /// Waits while dirty data is over the limit. While it waits, its
+    /// length counts in `throttled`, so the flusher frees at least that
+    /// much even when dirty data is not over `dirty_target` (a target equal
+    /// to the limit would otherwise leave the writer to wait for max_age).
     async fn throttle(&self, len: u64) {
+        struct Waiting<'a>(&'a AtomicU64, u64);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(self.1, Relaxed);
+            }
+        }
+        let mut waiting = None;
         loop {
             let n = notified_enabled(&self.changed);
             {
@@ -608,6 +621,10 @@ impl Inner {
                     }
                     return;
                 }
+            }
+            if waiting.is_none() {
+                self.throttled.fetch_add(len, Relaxed);
+                waiting = Some(Waiting(&self.throttled, len));
             }
             self.kick.notify_one();
             n.await;
@@ -911,7 +928,10 @@ impl Inner {
                 let now = Instant::now();
                 // Oldest first: those past max_age, then enough to get
                 // down to the target; at most 4096 blocks a pass.
-                let mut over = st.dirty_bytes.saturating_sub(self.cfg.dirty_target);
+                let mut over = st
+                    .dirty_bytes
+                    .saturating_sub(self.cfg.dirty_target)
+                    .max(self.throttled.load(Relaxed));
                 let mut cand: Vec<u64> = Vec::new();
                 for (_, &b) in st.dirty_fifo.iter().take(4096) {
                     let old = st
@@ -1200,7 +1220,11 @@ mod tests {
 
     impl BlockDev for Gate {
         fn info(&self) -> DevInfo {
-            self.mem.info()
+            // One block per write below: every dirty block is its own run.
+            DevInfo {
+                max_block: 4096,
+                ..self.mem.info()
+            }
         }
         fn submit(&self, req: Request) -> IoFuture {
             if !matches!(req, Request::Write { .. }) {
@@ -1218,10 +1242,7 @@ mod tests {
         }
     }
 
-    /// A writer held at the dirty limit resumes as soon as one write-back
-    /// completes, not when the whole batch of write-backs has.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn throttled_writer_resumes_on_first_write_back() {
+    fn gate() -> (Arc<MemoryDev>, Arc<Semaphore>, Arc<AtomicU64>, Arc<Gate>) {
         let mem = Arc::new(MemoryDev::new(64 << 20));
         let permits = Arc::new(Semaphore::new(0));
         let started = Arc::new(AtomicU64::new(0));
@@ -1230,42 +1251,64 @@ mod tests {
             permits: permits.clone(),
             started: started.clone(),
         });
-        let cache = CacheDev::new(
-            gate,
-            CacheConfig {
-                size: 4 << 20,
-                block: 4096,
-                mode: Mode::WriteBack,
-                dirty_limit: 256 << 10,
-                dirty_target: 128 << 10,
-                max_age: Duration::from_secs(3600),
-                name: "wbtest".into(),
-            },
+        (mem, permits, started, gate)
+    }
+
+    fn wb_config(limit: u64, target: u64) -> CacheConfig {
+        CacheConfig {
+            size: 4 << 20,
+            block: 4096,
+            mode: Mode::WriteBack,
+            dirty_limit: limit,
+            dirty_target: target,
+            max_age: Duration::from_secs(3600),
+            name: "wbtest".into(),
+        }
+    }
+
+    async fn wait_started(started: &AtomicU64, n: u64) {
+        for _ in 0..5000 {
+            if started.load(Relaxed) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!(
+            "write-backs started: {}, expected {n}",
+            started.load(Relaxed)
         );
-        // 64 scattered (unmergeable) dirty blocks: exactly the limit.
-        for i in 0..64u64 {
+    }
+
+    /// A writer held at the dirty limit resumes as soon as one write-back
+    /// completes, not when the whole pass of write-backs has.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn throttled_writer_resumes_on_first_write_back() {
+        let (mem, permits, started, gate) = gate();
+        let cache = CacheDev::new(gate, wb_config(256 << 10, 128 << 10));
+        // Up to the target with 32 scattered blocks: nothing over the
+        // target yet, so the flusher has nothing to do.
+        for i in 0..32u64 {
             let r = cache
                 .write(i * 8192, Bytes::from(vec![i as u8 + 1; 4096]), Flags::NONE)
                 .await;
             assert_eq!(r, Ok(Reply::Done(4096)));
         }
+        // One 128K write takes dirty data from the target to the limit at
+        // once, so any flusher pass from now on writes back exactly the 32
+        // oldest (scattered) blocks, 32 runs.
+        let r = cache
+            .write(1 << 20, Bytes::from(vec![0x55; 128 << 10]), Flags::NONE)
+            .await;
+        assert_eq!(r, Ok(Reply::Done(128 << 10)));
         assert_eq!(cache.dirty_bytes(), 256 << 10);
         // Over the limit: this one waits for write-back.
-        let held = tokio::spawn(cache.write(1 << 20, Bytes::from(vec![0xAA; 4096]), Flags::NONE));
-        // The flusher starts writing back (down to the target: 32 runs).
-        for _ in 0..2000 {
-            if started.load(Relaxed) >= 32 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert!(
-            started.load(Relaxed) >= 32,
-            "write-backs started: {started:?}"
-        );
+        let held = tokio::spawn(cache.write(2 << 20, Bytes::from(vec![0xAA; 4096]), Flags::NONE));
+        wait_started(&started, 32).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(started.load(Relaxed), 32, "one pass of 32 runs");
         assert!(!held.is_finished(), "writer went past the dirty limit");
-        // One write-back completes: the writer must go on while the others
-        // are still held below.
+        // One write-back completes: the writer must go on while the other
+        // 31 are still held below.
         permits.add_permits(1);
         let r = tokio::time::timeout(Duration::from_secs(10), held)
             .await
@@ -1278,11 +1321,37 @@ mod tests {
         permits.add_permits(10_000);
         cache.flush().await.unwrap();
         assert_eq!(cache.dirty_bytes(), 0);
-        for i in 0..64u64 {
+        for i in 0..32u64 {
             let d = mem.read(i * 8192, 4096).await.unwrap();
             assert!(d.iter().all(|&b| b == i as u8 + 1), "block {i}");
         }
-        let d = mem.read(1 << 20, 4096).await.unwrap();
+        let d = mem.read(1 << 20, 128 << 10).await.unwrap();
+        assert!(d.iter().all(|&b| b == 0x55));
+        let d = mem.read(2 << 20, 4096).await.unwrap();
         assert!(d.iter().all(|&b| b == 0xAA));
+    }
+
+    /// dirty_target equal to dirty_limit: a writer at the limit still gets
+    /// room (the flusher writes back what the waiting writer needs) instead
+    /// of waiting for max_age.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn target_equal_to_limit_does_not_stall_writers() {
+        let (mem, permits, started, gate) = gate();
+        permits.add_permits(1 << 20);
+        let cache = CacheDev::new(gate, wb_config(64 << 10, 64 << 10));
+        for i in 0..32u64 {
+            let w = cache.write(i * 8192, Bytes::from(vec![i as u8 + 1; 4096]), Flags::NONE);
+            let r = tokio::time::timeout(Duration::from_secs(10), w)
+                .await
+                .expect("writer stalled at the dirty limit");
+            assert_eq!(r, Ok(Reply::Done(4096)));
+        }
+        assert!(started.load(Relaxed) >= 16, "{started:?}");
+        assert!(cache.dirty_bytes() <= 64 << 10);
+        cache.flush().await.unwrap();
+        for i in 0..32u64 {
+            let d = mem.read(i * 8192, 4096).await.unwrap();
+            assert!(d.iter().all(|&b| b == i as u8 + 1), "block {i}");
+        }
     }
 }
