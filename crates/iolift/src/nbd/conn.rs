@@ -412,6 +412,15 @@ async fn transmission<R, W>(
                 continue;
             }
             Action::Write { offset, len, flags } => {
+                // The payload is not all here yet: send the replies waiting
+                // in the batch before waiting for it, so that the client
+                // can go on (and need not wake us twice for one batch).
+                if rd.buffer().len() < len as usize
+                    && !local.is_empty()
+                    && !out_write(&out, &mut local, None, &peer).await
+                {
+                    break;
+                }
                 let mut buf = BytesMut::with_capacity(len as usize);
                 let mut t = (&mut rd).take(len as u64);
                 let mut ok = true;
