@@ -418,6 +418,7 @@ fn fio_verify_crc32c_qd32_four_connections() {
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--group_reporting",
     ]));
     let all = o.all();
@@ -443,6 +444,7 @@ fn fio_verify_crc32c_qd32_four_connections() {
         "--offset_increment=48M",
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
     ]));
 }
 
