@@ -599,16 +599,25 @@ fn flush_aio(h: &Handles) -> Result<oneshot::Receiver<(isize, AioBuf)>, Errno> {
     })
 }
 
+/// Starts `rbd_aio_read` of `len` bytes into the context's `AioBuf::Read`.
+fn read_op(offset: u64, len: usize) -> impl FnOnce(&Api, ImageT, CompletionT, *mut u8) -> c_int {
+    // SAFETY: p points to the Vec's `len` bytes of capacity.
+    move |api, img, c, p| unsafe { (api.rbd_aio_read)(img, offset, len, p as *mut c_char, c) }
+}
+
+/// Starts `rbd_aio_write` of the context's `AioBuf::Write` (`len` bytes).
+fn write_op(offset: u64, len: usize) -> impl FnOnce(&Api, ImageT, CompletionT, *mut u8) -> c_int {
+    // SAFETY: p points to `len` bytes kept alive by the context.
+    move |api, img, c, p| unsafe { (api.rbd_aio_write)(img, offset, len, p as *const c_char, c) }
+}
+
 fn write_aio(
     h: &Handles,
     offset: u64,
     data: Bytes,
 ) -> Result<oneshot::Receiver<(isize, AioBuf)>, Errno> {
     let len = data.len();
-    // SAFETY: p points to `len` bytes kept alive by the context.
-    aio(h, AioBuf::Write(data), |api, img, c, p| unsafe {
-        (api.rbd_aio_write)(img, offset, len, p as *const c_char, c)
-    })
+    aio(h, AioBuf::Write(data), write_op(offset, len))
 }
 
 /// Completes `first`, then (for FUA) a flush; returns `Done(n)`.
@@ -628,15 +637,29 @@ fn then_flush(
 }
 
 impl RbdDev {
+    /// The checks every request passes before it reaches librbd: in range,
+    /// and no change to a read-only image.
+    fn admit(&self, req: &Request) -> Result<(), Errno> {
+        req.check_range(self.size)?;
+        if self.read_only
+            && matches!(
+                req.kind(),
+                crate::block::OpKind::Write
+                    | crate::block::OpKind::Trim
+                    | crate::block::OpKind::WriteZeroes
+            )
+        {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
     fn read(&self, offset: u64, len: u32) -> IoFuture {
         let len = len as usize;
         let rx = aio(
             &self.h,
             AioBuf::Read(Vec::with_capacity(len)),
-            |api, img, c, p| {
-                // SAFETY: p points to the Vec's `len` bytes of capacity.
-                unsafe { (api.rbd_aio_read)(img, offset, len, p as *mut c_char, c) }
-            },
+            read_op(offset, len),
         );
         Box::pin(async move {
             let rx = rx?;
@@ -796,35 +819,30 @@ impl BlockDev for RbdDev {
     /// Reads and plain (non-FUA) writes call back from librbd's completion
     /// thread; everything else goes through [`submit`](Self::submit).
     fn submit_cb(&self, req: Request, cb: Callback) {
-        let ok = req.check_range(self.size).is_ok()
-            && !(self.read_only && req.kind() == crate::block::OpKind::Write);
+        if let Err(e) = self.admit(&req) {
+            return cb(Err(e));
+        }
         match req {
-            Request::Read { offset, len } if ok => {
+            Request::Read { offset, len } => {
                 let len = len as usize;
                 aio_call(
                     &self.h,
                     AioBuf::Read(Vec::with_capacity(len)),
                     move |r, buf| cb(read_done(r, buf, len)),
-                    // SAFETY: p points to the Vec's `len` bytes of capacity.
-                    |api, img, c, p| unsafe {
-                        (api.rbd_aio_read)(img, offset, len, p as *mut c_char, c)
-                    },
+                    read_op(offset, len),
                 );
             }
             Request::Write {
                 offset,
                 data,
                 flags,
-            } if ok && !flags.fua => {
+            } if !flags.fua => {
                 let len = data.len();
                 aio_call(
                     &self.h,
                     AioBuf::Write(data),
                     move |r, _| cb(rc(r).map(|_| Reply::Done(len as u64))),
-                    // SAFETY: p points to `len` bytes kept alive by the context.
-                    |api, img, c, p| unsafe {
-                        (api.rbd_aio_write)(img, offset, len, p as *const c_char, c)
-                    },
+                    write_op(offset, len),
                 );
             }
             req => crate::block::drive(self.submit(req), cb),
@@ -832,18 +850,8 @@ impl BlockDev for RbdDev {
     }
 
     fn submit(&self, req: Request) -> IoFuture {
-        if let Err(e) = req.check_range(self.size) {
+        if let Err(e) = self.admit(&req) {
             return crate::block::ready(Err(e));
-        }
-        if self.read_only
-            && matches!(
-                req.kind(),
-                crate::block::OpKind::Write
-                    | crate::block::OpKind::Trim
-                    | crate::block::OpKind::WriteZeroes
-            )
-        {
-            return crate::block::ready(Err(Errno::EPERM));
         }
         match req {
             Request::Read { offset, len } => self.read(offset, len),

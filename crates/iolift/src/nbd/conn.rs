@@ -506,24 +506,35 @@ async fn out_write<W: AsyncWrite + Unpin>(
     peer: &str,
 ) -> bool {
     let mut o = out.lock().await;
-    if o.failed {
-        buf.clear();
-        return false;
-    }
-    let mut r = o.w.write_all(buf).await;
+    let ok = !o.failed && o.send(buf, big.unwrap_or_default(), peer).await;
     buf.clear();
-    if let (Ok(()), Some(b)) = (&r, big) {
-        r = o.w.write_all(b).await;
+    ok
+}
+
+impl<W: AsyncWrite + Unpin> Out<W> {
+    /// Writes `a` then `b` and flushes; on failure marks the connection
+    /// failed. False if the connection can no longer be written.
+    async fn send(&mut self, a: &[u8], b: &[u8], peer: &str) -> bool {
+        let mut r = self.w.write_all(a).await;
+        if r.is_ok() {
+            r = self.w.write_all(b).await;
+        }
+        if r.is_ok() {
+            r = self.w.flush().await;
+        }
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                self.fail(&e, peer);
+                false
+            }
+        }
     }
-    if r.is_ok() {
-        r = o.w.flush().await;
-    }
-    if let Err(e) = r {
+
+    fn fail(&mut self, e: &std::io::Error, peer: &str) {
         tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
-        o.failed = true;
-        return false;
+        self.failed = true;
     }
-    true
 }
 
 /// Sends one reply from the calling thread (any thread) if the socket is
@@ -564,26 +575,10 @@ fn reply_now<W: ReplyWriter>(
                 let _ = big.split_to(n);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => {
-                tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
-                g.failed = true;
-                return;
-            }
+            Err(e) => return g.fail(&e, &peer),
         }
     }
-    rt.spawn(async move {
-        let mut r = g.w.write_all(&buf).await;
-        if r.is_ok() {
-            r = g.w.write_all(&big).await;
-        }
-        if r.is_ok() {
-            r = g.w.flush().await;
-        }
-        if let Err(e) = r {
-            tracing::info!(%peer, "reply write failed, dropping further replies: {e}");
-            g.failed = true;
-        }
-    });
+    rt.spawn(async move { g.send(&buf, &big, &peer).await });
 }
 
 /// Encodes one reply into `out`; returns large read data to be written
