@@ -4,6 +4,7 @@
 #
 #   iolift           iolift serve rbd:rbd/img            (fio ioengine=nbd, unix socket)
 #   iolift+cs        same with --stage cache --stage scheduler (if those stages exist)
+#   iolift-poll      iolift with --poll-us $POLL_US (poll mode; not in the default PEERS)
 #   qemu-nbd         qemu-nbd exporting rbd:rbd/img      (fio ioengine=nbd, unix socket)
 #   fio-rbd          fio ioengine=rbd                    (librbd direct, no relay)
 #
@@ -15,7 +16,8 @@
 #
 # Environment: REPS=3 RUNTIME=3 RAMP=1 (seconds per run) IMAGE_SIZE=512M
 #   IOLIFT=path/to/iolift (default: cargo build --release, $CARGO_TARGET_DIR or target/)
-#   PEERS="iolift iolift+cs qemu-nbd fio-rbd"  BS="4k 128k"  RWS="read write randread randwrite"
+#   PEERS="iolift iolift+cs qemu-nbd fio-rbd"  BS="4k 128k"  RWS="read write randread randwrite"  QDS="1 32"
+#   POLL_US=1000 (the iolift-poll peer's --poll-us)
 #   CEPH_DIR=dir for the cluster (default OUTDIR/ceph, on disk)
 #   RBD_CACHE=false   librbd's own cache for every peer (written to the cluster's [client]
 #                     conf; qemu-nbd gets --cache=none or --cache=writeback to match, since
@@ -29,6 +31,8 @@ REPS=${REPS:-3}
 RUNTIME=${RUNTIME:-3}
 RAMP=${RAMP:-1}
 IMAGE_SIZE=${IMAGE_SIZE:-512M}
+POLL_US=${POLL_US:-1000}
+QDS=${QDS:-"1 32"}
 RBD_CACHE=${RBD_CACHE:-false}
 case "$RBD_CACHE" in true) QEMU_CACHE=writeback ;; false) QEMU_CACHE=none ;; *) echo "RBD_CACHE must be true or false" >&2; exit 2 ;; esac
 PEERS=${PEERS:-"iolift iolift+cs qemu-nbd fio-rbd"}
@@ -112,6 +116,7 @@ start_server() { # $1 = peer
   case "$1" in
     iolift) "$IOLIFT" serve --socket "$sock" "$SPEC" >"$log" 2>&1 & pid=$! ;;
     iolift+cs) "$IOLIFT" serve --socket "$sock" --stage cache --stage scheduler "$SPEC" >"$log" 2>&1 & pid=$! ;;
+    iolift-poll) "$IOLIFT" serve --socket "$sock" --poll-us "$POLL_US" "$SPEC" >"$log" 2>&1 & pid=$! ;;
     qemu-nbd) qemu-nbd --persistent --shared=4 --format=raw --cache="$QEMU_CACHE" --socket="$sock" \
                 "rbd:rbd/img:conf=$CONF" >"$log" 2>&1 & pid=$! ;;
     *) return 0 ;;
@@ -127,7 +132,7 @@ start_server() { # $1 = peer
 ACTIVE=()
 for p in $PEERS; do
   case "$p" in
-    iolift|iolift+cs|qemu-nbd) if start_server "$p"; then ACTIVE+=("$p"); fi ;;
+    iolift|iolift+cs|iolift-poll|qemu-nbd) if start_server "$p"; then ACTIVE+=("$p"); fi ;;
     fio-rbd) ACTIVE+=("$p") ;;
     *) die "unknown peer $p" ;;
   esac
@@ -178,13 +183,13 @@ EOF
 
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 total=0
-for _ in $BS_LIST; do for _ in $RW_LIST; do total=$((total + 2 * ${#ACTIVE[@]} * REPS)); done; done
+for _ in $BS_LIST; do for _ in $RW_LIST; do for _ in $QDS; do total=$((total + ${#ACTIVE[@]} * REPS)); done; done; done
 say "$total fio runs of ${RUNTIME}+${RAMP} s each (about $(( total * (RUNTIME + RAMP + 1) / 60 )) min)"
 n=0
 for rep in $(seq "$REPS"); do
   for bs in $BS_LIST; do
     for rw in $RW_LIST; do
-      for qd in 1 32; do
+      for qd in $QDS; do
         for peer in "${ACTIVE[@]}"; do
           n=$((n + 1))
           run_fio "$peer" "$bs" "$rw" "$qd" "$rep"

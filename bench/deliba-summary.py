@@ -13,7 +13,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-PEER_ORDER = ["iolift", "iolift+cs", "qemu-nbd", "fio-rbd"]
+PEER_ORDER = ["iolift", "iolift+cs", "iolift-poll", "qemu-nbd", "fio-rbd"]
 RW_ORDER = ["read", "write", "randread", "randwrite"]
 
 

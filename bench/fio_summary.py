@@ -22,7 +22,7 @@ def load(d, clk):
     """{(server, job): [ {iops, p50_us, p99_us, mbs, cpu_us_per_io} per rep ]}"""
     out = {}
     for f in sorted(glob.glob(os.path.join(d, "*.json"))):
-        m = re.match(r"(iolift|nbdkit)_(\d+)_(.+)\.json$", os.path.basename(f))
+        m = re.match(r"(iolift|nbdkit|null)_(\d+)_(.+)\.json$", os.path.basename(f))
         if not m:
             continue
         srv, _rep, job = m.groups()
@@ -128,6 +128,21 @@ def main():
     for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
         r = get(job, "cpu_us_per_io")
         checks.append(("%s CPU/IO <= 0.7x nbdkit" % job, r, r is not None and r <= 0.7))
+    ceil = []
+    for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
+        mn = med(data.get(("null", job), []), "iops")
+        mk = get(job, "iops", "nbdkit")
+        if mn is not None and mk:
+            ceil.append((job, mn, mn / mk))
+    if ceil:
+        print()
+        print("client ceiling (iolift null: a server that does no work; null / nbdkit is the")
+        print("largest IOPS ratio any server could show with this client on this machine):")
+        for job, mn, r in ceil:
+            print("  %-20s null %s IOPS  null/nbdkit %s" % (job, fmt(mn), fmt(r, 2)))
+        for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
+            summary.setdefault(job, {}).setdefault("iops", {})["null"] = med(
+                data.get(("null", job), []), "iops")
     print()
     print("targets:")
     for name, r, ok in checks:

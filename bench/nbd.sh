@@ -15,6 +15,12 @@
 # time (utime+stime from /proc/PID/stat) over each job. The order of the two
 # servers flips every repeat (A B, B A, ...) so drift on a shared machine
 # hits both. Summary: bench/fio_summary.py.
+#
+# A third server, `iolift serve null:1G` (reads return zeros, writes are
+# dropped: no work at all), runs the QD32 jobs after each pair. It measures
+# the client's own ceiling: with fio's nbd engine on one core, no server can
+# be faster than this, so null/nbdkit is the largest IOPS ratio any server
+# could show here. NULL_CEILING=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +56,7 @@ start_server() { # $1 = iolift|nbdkit, $2 = socket
     rm -f "$2"
     case $1 in
         iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
+        null) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "null:$SIZE" 2>"$WORK/$1.log" & ;;
         nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
     esac
     SERVER_PID=$!
@@ -81,11 +88,12 @@ run_one() { # server rep
     local srv=$1 rep=$2 sock=$WORK/$1.sock
     start_server "$srv" "$sock"
     local uri="nbd+unix:///?socket=$sock"
-    # precondition: write the whole export once
-    fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
+    # precondition: write the whole export once (nothing to fill on null)
+    [[ $srv == null ]] || fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
         --size="$SIZE" --output-format=json >"$WORK/fill.json"
     for j in "${JOBS[@]}"; do
         set -- $j
+        [[ $srv == null && $4 != 32 ]] && continue
         local c0 c1
         c0=$(cpu_ticks "$SERVER_PID")
         fio --name="$1" --ioengine=nbd --uri="$uri" --rw="$2" --bs="$3" --iodepth="$4" \
@@ -101,6 +109,7 @@ run_one() { # server rep
 echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for rep in $(seq 1 "$R"); do
     if (( rep % 2 )); then order="iolift nbdkit"; else order="nbdkit iolift"; fi
+    if [[ ${NULL_CEILING:-1} != 0 ]]; then order="$order null"; fi
     for srv in $order; do run_one "$srv" "$rep"; done
 done
 

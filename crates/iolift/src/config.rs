@@ -6,6 +6,7 @@
 //! read_only = false                # every export read-only
 //! max_request = "32M"              # largest read/write payload
 //! threads = 2                      # tokio worker threads
+//! poll_us = 0                      # poll mode budget, microseconds (0 = off)
 //! default_export = "disk"          # the export answering to the empty name
 //! stages = ["cache:size=64M"]      # stacked on every export (first = top)
 //!
@@ -50,6 +51,7 @@ pub struct Config {
     pub read_only: bool,
     pub max_request: Option<SizeValue>,
     pub threads: Option<usize>,
+    pub poll_us: Option<u64>,
     pub default_export: Option<String>,
     #[serde(default)]
     pub stages: Vec<String>,
@@ -96,6 +98,9 @@ impl Config {
         if self.threads == Some(0) {
             bail!("threads: must be at least 1");
         }
+        if let Some(n) = self.poll_us {
+            validate_poll_us(n).context("poll_us")?;
+        }
         for (i, s) in self.stages.iter().enumerate() {
             validate_stage_spec(s).with_context(|| format!("stages[{i}]"))?;
         }
@@ -120,6 +125,16 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The poll-mode budget: 0 (off) up to 10 ms; past that sleeping is
+/// cheaper than spinning.
+pub fn validate_poll_us(n: u64) -> Result<u64> {
+    let max = crate::nbd::poll::MAX_POLL.as_micros() as u64;
+    if n > max {
+        bail!("{n} us is more than the maximum of {max} us");
+    }
+    Ok(n)
 }
 
 /// max_request must fit the wire's 32-bit length and be at least 512.

@@ -400,6 +400,47 @@ fn qemu_io_patterns_zero_discard() {
     );
 }
 
+/// Poll mode (`--poll-us`): fio verify through it at queue depth 1 (where
+/// the reader polls) and 32 (where bursts turn polling off), several
+/// connections at once, over a unix socket and over TCP.
+#[test]
+fn poll_mode_fio_verify_qd1_and_qd32() {
+    let _g = heavy();
+    require_tool("fio");
+    let srv = ServerBuilder::iolift()
+        .backend("memory:128M")
+        .args(["--poll-us", "300"])
+        .tcp()
+        .start();
+    let tcp = srv.tcp_uri("");
+    for (uri, qd, jobs, size) in [(srv.uri(), "1", "2", "2M"), (tcp, "32", "3", "12M")] {
+        let o = run_ok(cmd("fio").args([
+            "--name=poll",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            &format!("--iodepth={qd}"),
+            &format!("--numjobs={jobs}"),
+            &format!("--size={size}"),
+            "--offset_increment=16M",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--group_reporting",
+        ]));
+        let all = o.all();
+        assert!(!all.contains("verify: bad"), "{all}");
+        assert!(
+            all.matches("err=").count() > 0
+                && all.matches("err=").count() == all.matches("err= 0").count(),
+            "fio reported errors at iodepth {qd}:\n{all}"
+        );
+        assert!(all.contains("read: IOPS="), "no verify read phase:\n{all}");
+    }
+}
+
 #[test]
 fn fio_verify_crc32c_qd32_four_connections() {
     let _g = heavy();
@@ -629,6 +670,7 @@ fn bad_config_names_the_field() {
         ),
         ("[[export]]\nname = \"x\"\n", "backend"),
         ("read_only = \"maybe\"\n", "read_only"),
+        ("poll_us = 99999\n", "poll_us"),
         ("this is not toml\n", "iolift.toml"),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
@@ -653,6 +695,8 @@ fn bad_cli_flags_fail_clearly() {
         (&["--max-request", "banana"], "banana"),
         (&["--max-request", "0"], "max-request"),
         (&["--threads", "zero"], "zero"),
+        (&["--poll-us", "20000"], "--poll-us"),
+        (&["--poll-us", "-1"], "-1"),
         (&["--tcp", "127.0.0.1:notaport"], "notaport"),
         (&["memory:12Q"], "12Q"),
         (&["warp:1G"], "warp"),

@@ -20,6 +20,7 @@
 //! In-flight memory is capped per connection by a semaphore counted in
 //! bytes, so a client that never reads its replies stops being read.
 
+use super::poll::{Polled, RawSocket};
 use super::proto::*;
 use super::wire::{self, Action, Fatal, Opt, Session};
 use super::Server;
@@ -39,6 +40,8 @@ const COPY_LIMIT: usize = 32 * 1024;
 const BATCH_LIMIT: usize = 256 * 1024;
 /// Reader buffer size.
 const READ_BUF: usize = 256 * 1024;
+/// Poll mode: reads without polling after a burst of requests.
+const QUIET_READS: u32 = 256;
 
 /// The export and session a successful handshake leads to.
 pub(crate) struct Negotiated {
@@ -56,9 +59,10 @@ pub async fn serve<R, W>(
     peer: String,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    R: AsyncRead + Unpin + Send + 'static,
+    R: AsyncRead + RawSocket + Unpin + Send + 'static,
     W: ReplyWriter,
 {
+    let rd = Polled::new(rd, server.cfg.poll);
     let mut rd = BufReader::with_capacity(READ_BUF, rd);
     let hs = handshake(&server, &mut rd, &mut wr);
     let neg = tokio::select! {
@@ -303,12 +307,12 @@ impl ReplyWriter for tokio::net::tcp::OwnedWriteHalf {
 async fn transmission<R, W>(
     server: Arc<Server>,
     neg: Negotiated,
-    mut rd: BufReader<R>,
+    mut rd: BufReader<Polled<R>>,
     wr: W,
     peer: String,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    R: AsyncRead + Unpin + Send + 'static,
+    R: AsyncRead + RawSocket + Unpin + Send + 'static,
     W: ReplyWriter,
 {
     let s = neg.session;
@@ -334,6 +338,15 @@ async fn transmission<R, W>(
     let native = dev.native_callbacks();
     let rt = tokio::runtime::Handle::current();
     let peer_arc: Arc<str> = peer.as_str().into();
+    // Requests parsed since the reader last ran out of buffered input. One
+    // or two, time after time, means the client waits for each reply
+    // before it sends more (low queue depth): there poll mode saves a
+    // wake-up per request. A bigger burst means a client that keeps many
+    // requests coming; polling would then answer them one by one as they
+    // trickle in, and cost the client more than the wake-ups it saves, so
+    // it stays off for the next QUIET_READS reads.
+    let mut burst = 0u32;
+    let mut quiet = 0u32;
     loop {
         // Only wait on shutdown when the next header is not buffered yet.
         let r = if rd.buffer().len() >= REQUEST_LEN {
@@ -342,6 +355,13 @@ async fn transmission<R, W>(
             if !local.is_empty() && !out_write(&out, &mut local, None, &peer).await {
                 break;
             }
+            if burst > 2 {
+                quiet = QUIET_READS;
+            } else {
+                quiet = quiet.saturating_sub(1);
+            }
+            rd.get_mut().set_spin(quiet == 0);
+            burst = 0;
             tokio::select! {
                 r = rd.read_exact(&mut hb) => r,
                 _ = super::stopped(&mut shutdown) => {
@@ -358,6 +378,7 @@ async fn transmission<R, W>(
             }
             break;
         }
+        burst += 1;
         let h = match wire::parse_request(&hb) {
             Ok(h) => h,
             Err(e) => {

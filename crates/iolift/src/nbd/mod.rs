@@ -8,6 +8,7 @@
 //! See `docs/nbd.md`.
 
 pub mod conn;
+pub mod poll;
 pub mod proto;
 pub mod wire;
 
@@ -50,6 +51,9 @@ pub struct ServerCfg {
     pub inflight_bytes: u64,
     /// A client must finish the handshake within this.
     pub handshake_timeout: Duration,
+    /// Poll mode: a connection's reader retries its socket this long
+    /// before sleeping (zero: off). See `poll.rs`.
+    pub poll: Duration,
 }
 
 impl Default for ServerCfg {
@@ -58,6 +62,7 @@ impl Default for ServerCfg {
             max_request: 32 << 20,
             inflight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),
+            poll: Duration::ZERO,
         }
     }
 }

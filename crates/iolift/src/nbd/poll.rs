@@ -1,0 +1,284 @@
+//! Poll mode for a connection's read side (`serve --poll-us N`).
+//!
+//! Normally a connection's reader sleeps in epoll when the socket is empty
+//! and the kernel wakes it when the client sends: one scheduler wake-up per
+//! request at queue depth 1, which on a busy machine costs tens of
+//! microseconds. In poll mode the reader first retries a non-blocking
+//! `recv` on the socket for up to N microseconds, and sleeps only when
+//! nothing came in that time: the SPDK way, trading a core for latency.
+//! The receive goes straight to the socket (tokio's readiness flag is only
+//! refreshed by the epoll driver, so `try_read` would not see new data);
+//! when the budget runs out the read falls back to the runtime's normal
+//! path, which clears a stale readiness flag on its own.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// A socket read half whose file descriptor can be read directly.
+pub trait RawSocket {
+    fn raw_fd(&self) -> RawFd;
+}
+
+impl RawSocket for tokio::net::unix::OwnedReadHalf {
+    fn raw_fd(&self) -> RawFd {
+        self.as_ref().as_raw_fd()
+    }
+}
+
+impl RawSocket for tokio::net::tcp::OwnedReadHalf {
+    fn raw_fd(&self) -> RawFd {
+        self.as_ref().as_raw_fd()
+    }
+}
+
+/// Longest poll budget accepted: past this, sleeping is cheaper.
+pub const MAX_POLL: Duration = Duration::from_millis(10);
+
+/// A read half that polls its socket for up to `budget` before sleeping,
+/// while polling pays: its owner says so (`set_spin`) and data has lately
+/// come within the budget. A zero budget is a plain pass-through.
+pub struct Polled<R> {
+    inner: R,
+    budget: Duration,
+    spin: bool,
+    /// Moving average of how long reads waited for data. Past half the
+    /// budget, a poll would often run out and the core it burns is taken from
+    /// whoever produces the data (a Ceph OSD on the same machine), so the
+    /// reader sleeps at once; the average keeps being measured, so polling
+    /// comes back when the gaps shrink.
+    gap: Duration,
+    /// Since when the current read has found nothing, and whether it
+    /// polled already (a wake-up without data does not poll again).
+    waiting: Option<(Instant, bool)>,
+    /// Polls started (for tests and logs).
+    polls: u64,
+}
+
+impl<R> Polled<R> {
+    pub fn new(inner: R, budget: Duration) -> Self {
+        Polled {
+            inner,
+            budget: budget.min(MAX_POLL),
+            spin: true,
+            gap: Duration::ZERO,
+            waiting: None,
+            polls: 0,
+        }
+    }
+
+    /// A read got data (or an error): fold its wait into the average.
+    fn arrived(&mut self) {
+        let waited = match self.waiting.take() {
+            Some((t0, _)) => t0.elapsed(),
+            None => Duration::ZERO,
+        };
+        self.gap = (self.gap * 7 + waited) / 8;
+    }
+
+    /// Whether the next reads poll. The connection turns it off while the
+    /// client keeps many requests coming (each read finds a batch): then
+    /// the reader seldom sleeps anyway, and a polling core only takes CPU
+    /// and socket locks from the client.
+    pub fn set_spin(&mut self, on: bool) {
+        self.spin = on;
+    }
+}
+
+/// One non-blocking receive into the unfilled part of `buf`. `None`: the
+/// socket is empty.
+fn try_recv(fd: RawFd, buf: &mut ReadBuf<'_>) -> Option<io::Result<()>> {
+    loop {
+        // SAFETY: recv writes at most `un.len()` bytes into the unfilled,
+        // possibly uninitialised, part of the buffer; exactly the `n` it
+        // reports are then marked initialised and filled.
+        let un = unsafe { buf.unfilled_mut() };
+        let n = unsafe {
+            libc::recv(
+                fd,
+                un.as_mut_ptr() as *mut libc::c_void,
+                un.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            let n = n as usize;
+            unsafe { buf.assume_init(n) };
+            buf.advance(n);
+            return Some(Ok(()));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return None,
+            _ => return Some(Err(e)),
+        }
+    }
+}
+
+impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        if !me.spin || me.budget.is_zero() || buf.remaining() == 0 {
+            me.waiting = None;
+            return Pin::new(&mut me.inner).poll_read(cx, buf);
+        }
+        let fd = me.inner.raw_fd();
+        if let Some(r) = try_recv(fd, buf) {
+            me.arrived();
+            return Poll::Ready(r);
+        }
+        let now = Instant::now();
+        let (_, polled) = me.waiting.get_or_insert((now, false));
+        if !*polled && me.gap * 2 <= me.budget {
+            *polled = true;
+            me.polls += 1;
+            let deadline = now + me.budget;
+            while Instant::now() < deadline {
+                // Let a thread that is runnable on this CPU go first.
+                unsafe { libc::sched_yield() };
+                if let Some(r) = try_recv(fd, buf) {
+                    me.arrived();
+                    return Poll::Ready(r);
+                }
+            }
+        }
+        let r = Pin::new(&mut me.inner).poll_read(cx, buf);
+        if r.is_ready() {
+            me.arrived();
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A read half that never becomes ready by itself: whatever a `Polled`
+    /// around it returns came from its own polling.
+    struct Never(UnixStream);
+
+    impl AsyncRead for Never {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            _buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl RawSocket for Never {
+        fn raw_fd(&self) -> RawFd {
+            self.0.as_raw_fd()
+        }
+    }
+
+    fn poll_once(p: &mut Polled<Never>, out: &mut [u8]) -> Poll<io::Result<usize>> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut rb = ReadBuf::new(out);
+        match Pin::new(p).poll_read(&mut cx, &mut rb) {
+            Poll::Ready(r) => Poll::Ready(r.map(|_| rb.filled().len())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    #[test]
+    fn polling_finds_data_sent_within_the_budget_and_gives_up_after_it() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut p = Polled::new(Never(a), Duration::from_millis(500));
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            b.write_all(b"hello").unwrap();
+            b
+        });
+        let mut buf = [0u8; 16];
+        match poll_once(&mut p, &mut buf) {
+            Poll::Ready(Ok(5)) => assert_eq!(&buf[..5], b"hello"),
+            other => panic!("expected the 5 bytes sent while polling, got {other:?}"),
+        }
+        let mut b = t.join().unwrap();
+        // nothing more comes: the budget runs out and the read waits
+        p.budget = Duration::from_millis(2);
+        let t0 = Instant::now();
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert!(t0.elapsed() >= Duration::from_millis(2));
+        // polling off: data in the socket is left to the runtime's path
+        b.write_all(b"x").unwrap();
+        p.set_spin(false);
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        p.set_spin(true);
+        assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
+        // EOF is a zero-length read, not an error
+        drop(b);
+        assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(0))));
+    }
+
+    /// When reads have lately waited longer than the budget, the reader
+    /// does not poll (it would mostly run out); the average follows the
+    /// waits, so short waits bring polling back.
+    #[test]
+    fn long_gaps_turn_polling_off_short_ones_back_on() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut p = Polled::new(Never(a), Duration::from_millis(2));
+        let mut buf = [0u8; 16];
+        p.gap = Duration::from_secs(1);
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!(p.polls, 0, "polled although the gaps are past the budget");
+        // data now: found by the first receive, the wait was short
+        for _ in 0..80 {
+            b.write_all(b"y").unwrap();
+            assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
+        }
+        assert!(p.gap * 2 <= p.budget, "gap {:?}", p.gap);
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!(p.polls, 1, "did not poll once the gaps were short");
+        // a wake-up without data does not poll a second time
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!(p.polls, 1);
+    }
+
+    /// Through the runtime: data sent during the budget, data sent after
+    /// it (the reader sleeps in epoll then) and EOF all arrive.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn polled_reads_see_data_sent_during_and_after_the_budget() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (r, _w) = a.into_split();
+        let mut r = Polled::new(r, Duration::from_millis(2));
+        let (_br, mut bw) = b.into_split();
+        let t = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            bw.write_all(b"early").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            bw.write_all(b"late").await.unwrap();
+            drop(bw);
+        });
+        let mut got = [0u8; 5];
+        r.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"early");
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"late");
+        t.await.unwrap();
+    }
+
+    #[test]
+    fn budget_is_capped() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert_eq!(
+            Polled::new(Never(a), Duration::from_secs(5)).budget,
+            MAX_POLL
+        );
+    }
+}
