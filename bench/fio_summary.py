@@ -22,7 +22,7 @@ def load(d, clk):
     """{(server, job): [ {iops, p50_us, p99_us, mbs, cpu_us_per_io} per rep ]}"""
     out = {}
     for f in sorted(glob.glob(os.path.join(d, "*.json"))):
-        m = re.match(r"(iolift|nbdkit|null)_(\d+)_(.+)\.json$", os.path.basename(f))
+        m = re.match(r"(iolift|nbdkit|poll)_(\d+)_(.+)\.json$", os.path.basename(f))
         if not m:
             continue
         srv, _rep, job = m.groups()
@@ -45,6 +45,7 @@ def load(d, clk):
             "ios": ios,
             "cpu_us_per_io": (ticks / clk * 1e6 / ios) if (ticks is not None and ios) else None,
             "errors": jb.get("error", 0),
+            "fio_cpu_pct": jb.get("usr_cpu", 0) + jb.get("sys_cpu", 0),
         }
         out.setdefault((srv, job), []).append(r)
     return out
@@ -88,8 +89,11 @@ def main():
 
     rows = []
     summary = {}
+    has_poll = any(k[0] == "poll" for k in data)
     for job in jobs:
         metrics = [("IOPS", "iops", True), ("CPU us/IO", "cpu_us_per_io", False)]
+        if job.endswith("qd32"):
+            metrics.append(("fio CPU %", "fio_cpu_pct", False))
         if job.endswith("qd1"):
             metrics[1:1] = [("p50 us", "p50_us", False), ("p99 us", "p99_us", False)]
         if job.startswith("seq"):
@@ -97,18 +101,27 @@ def main():
         for label, key, _higher_better in metrics:
             mi = med(data.get(("iolift", job), []), key)
             mk = med(data.get(("nbdkit", job), []), key)
+            mp = med(data.get(("poll", job), []), key)
             ratio = (mi / mk) if (mi is not None and mk) else None
+            pratio = (mp / mk) if (mp is not None and mk) else None
             n = min(len(data.get(("iolift", job), [])), len(data.get(("nbdkit", job), [])))
-            rows.append((job, label, fmt(mi), fmt(mk), fmt(ratio, 2), str(n),
-                         spread(data.get(("iolift", job), []), key),
-                         spread(data.get(("nbdkit", job), []), key)))
-            summary.setdefault(job, {})[key] = {"iolift": mi, "nbdkit": mk, "ratio": ratio}
+            row = (job, label, fmt(mi), fmt(mk), fmt(ratio, 2), str(n),
+                   spread(data.get(("iolift", job), []), key),
+                   spread(data.get(("nbdkit", job), []), key))
+            if has_poll:
+                row += (fmt(mp), fmt(pratio, 2))
+            rows.append(row)
+            summary.setdefault(job, {})[key] = {"iolift": mi, "nbdkit": mk, "ratio": ratio,
+                                                "poll": mp, "poll_ratio": pratio}
 
     hdr = ("job", "metric", "iolift", "nbdkit", "ratio", "runs", "iolift min-max",
            "nbdkit min-max")
+    if has_poll:
+        hdr += ("poll", "poll/nbdkit")
     w = [max(len(r[i]) for r in rows + [hdr]) for i in range(len(hdr))]
     line = "  ".join(h.ljust(w[i]) if i < 2 else h.rjust(w[i]) for i, h in enumerate(hdr))
-    print("medians over repeats (ratio = iolift / nbdkit; min-max = spread over repeats)")
+    print("medians over repeats (ratio = iolift / nbdkit; min-max = spread over repeats%s)"
+          % ("; poll = iolift --poll-us" if has_poll else ""))
     print(line)
     print("-" * len(line))
     for r in rows:
@@ -128,25 +141,15 @@ def main():
     for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
         r = get(job, "cpu_us_per_io")
         checks.append(("%s CPU/IO <= 0.7x nbdkit" % job, r, r is not None and r <= 0.7))
-    ceil = []
-    for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
-        mn = med(data.get(("null", job), []), "iops")
-        mk = get(job, "iops", "nbdkit")
-        if mn is not None and mk:
-            ceil.append((job, mn, mn / mk))
-    if ceil:
-        print()
-        print("client ceiling (iolift null: a server that does no work; null / nbdkit is the")
-        print("largest IOPS ratio any server could show with this client on this machine):")
-        for job, mn, r in ceil:
-            print("  %-20s null %s IOPS  null/nbdkit %s" % (job, fmt(mn), fmt(r, 2)))
-        for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
-            summary.setdefault(job, {}).setdefault("iops", {})["null"] = med(
-                data.get(("null", job), []), "iops")
     print()
-    print("targets:")
+    print("targets (default iolift%s):" % ("; poll mode in brackets" if has_poll else ""))
     for name, r, ok in checks:
-        print("  %-40s ratio %-6s %s" % (name, fmt(r, 2), "MET" if ok else "not met"))
+        extra = ""
+        if has_poll:
+            job, key = name.split()[0], {"IOPS": "iops", "p50": "p50_us", "CPU/IO": "cpu_us_per_io"}[name.split()[1]]
+            pr = get(job, key, "poll_ratio")
+            extra = "  [poll %s]" % fmt(pr, 2)
+        print("  %-40s ratio %-6s %-8s%s" % (name, fmt(r, 2), "MET" if ok else "not met", extra))
     errs = sum(r["errors"] for rows_ in data.values() for r in rows_)
     if errs:
         print("WARNING: fio reported %d job errors" % errs)

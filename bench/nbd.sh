@@ -16,11 +16,11 @@
 # servers flips every repeat (A B, B A, ...) so drift on a shared machine
 # hits both. Summary: bench/fio_summary.py.
 #
-# A third server, `iolift serve null:1G` (reads return zeros, writes are
-# dropped: no work at all), runs the QD32 jobs after each pair. It measures
-# the client's own ceiling: with fio's nbd engine on one core, no server can
-# be faster than this, so null/nbdkit is the largest IOPS ratio any server
-# could show here. NULL_CEILING=0 skips it.
+# A third server, `iolift serve --poll-us $POLL_US` (poll mode, see
+# docs/nbd.md), runs every job after each pair; its column shows what poll
+# mode buys and costs. POLL=0 skips it. The summary also prints fio's own
+# CPU use at QD32: near 100% of a core, the client is the limit and no
+# server can raise IOPS much.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +28,7 @@ R=${R:-3}
 RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1G}
 THREADS=${THREADS:-2}
+POLL_US=${POLL_US:-100}
 TARGET=${CARGO_TARGET_DIR:-target}
 IOLIFT=$TARGET/release/iolift
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
@@ -56,7 +57,7 @@ start_server() { # $1 = iolift|nbdkit, $2 = socket
     rm -f "$2"
     case $1 in
         iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
-        null) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "null:$SIZE" 2>"$WORK/$1.log" & ;;
+        poll) "$IOLIFT" serve --socket "$2" --threads "$THREADS" --poll-us "$POLL_US" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
         nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
     esac
     SERVER_PID=$!
@@ -88,12 +89,11 @@ run_one() { # server rep
     local srv=$1 rep=$2 sock=$WORK/$1.sock
     start_server "$srv" "$sock"
     local uri="nbd+unix:///?socket=$sock"
-    # precondition: write the whole export once (nothing to fill on null)
-    [[ $srv == null ]] || fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
+    # precondition: write the whole export once
+    fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
         --size="$SIZE" --output-format=json >"$WORK/fill.json"
     for j in "${JOBS[@]}"; do
         set -- $j
-        [[ $srv == null && $4 != 32 ]] && continue
         local c0 c1
         c0=$(cpu_ticks "$SERVER_PID")
         fio --name="$1" --ioengine=nbd --uri="$uri" --rw="$2" --bs="$3" --iodepth="$4" \
@@ -109,7 +109,7 @@ run_one() { # server rep
 echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for rep in $(seq 1 "$R"); do
     if (( rep % 2 )); then order="iolift nbdkit"; else order="nbdkit iolift"; fi
-    if [[ ${NULL_CEILING:-1} != 0 ]]; then order="$order null"; fi
+    if [[ ${POLL:-1} != 0 ]]; then order="$order poll"; fi
     for srv in $order; do run_one "$srv" "$rep"; done
 done
 

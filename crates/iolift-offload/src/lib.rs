@@ -15,4 +15,4 @@ pub mod synth;
 
 pub use device::{Device, Inputs, MapHandle, Mapping};
 pub use error::{OffloadError, Result};
-pub use pool::{Completion, IoPool, PoolConfig};
+pub use pool::{Completion, GroupCompletion, IoPool, PoolConfig};

@@ -6,6 +6,13 @@
 //!
 //! A task here is one CRUSH mapping: input x -> the OSDs of `rule`.
 //!
+//! A *group* (`submit_group`) is many tasks with one completion and one
+//! flat result buffer (a `Mapping`): the pool splits it into chunks of at
+//! most `max_batch` inputs, which PEs run in parallel and copy into the
+//! group's buffer; the last chunk completes the group. Per task this costs
+//! a copy of its row, against an `Arc` slot, a result `Vec` and a
+//! completion per task for `submit_batch`.
+//!
 //! Latency design: there is no batcher thread. Submitters append to one
 //! shared queue; the processing-element threads take turns as the
 //! *collector* (one at a time, under a lock): the collector forms the next
@@ -18,7 +25,7 @@
 //! is only signalled when it actually parked: a busy pool makes no futex
 //! calls per task.
 
-use crate::device::{Device, Inputs, MapHandle};
+use crate::device::{Device, Inputs, MapHandle, Mapping};
 use crate::error::{OffloadError, Result};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -99,22 +106,34 @@ fn spin_until(ready: impl Fn() -> bool) -> bool {
     }
 }
 
-#[derive(Default)]
-struct SlotState {
-    result: Option<TaskResult>,
+struct SlotState<T> {
+    result: Option<T>,
     waker: Option<Waker>,
     sleeping: bool,
 }
 
-#[derive(Default)]
-struct Slot {
+struct Slot<T> {
     done: AtomicBool,
-    state: Mutex<SlotState>,
+    state: Mutex<SlotState<T>>,
     cv: Condvar,
 }
 
-impl Slot {
-    fn complete(&self, r: TaskResult) {
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Slot {
+            done: AtomicBool::new(false),
+            state: Mutex::new(SlotState {
+                result: None,
+                waker: None,
+                sleeping: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+}
+
+impl<T> Slot<T> {
+    fn complete(&self, r: T) {
         let mut g = self.state.lock().expect("slot lock");
         g.result = Some(r);
         self.done.store(true, Ordering::Release);
@@ -128,31 +147,23 @@ impl Slot {
             self.cv.notify_all();
         }
     }
-}
 
-/// Completion of one task: `.await` it or `wait()` for it.
-pub struct Completion(Arc<Slot>);
-
-impl Completion {
-    /// Block until the task completes (spins briefly, then parks).
-    pub fn wait(self) -> TaskResult {
-        spin_until(|| self.0.done.load(Ordering::Acquire));
-        let mut g = self.0.state.lock().expect("slot lock");
+    /// Block until completed (spins briefly, then parks).
+    fn wait(&self) -> T {
+        spin_until(|| self.done.load(Ordering::Acquire));
+        let mut g = self.state.lock().expect("slot lock");
         loop {
             if let Some(r) = g.result.take() {
                 return r;
             }
             g.sleeping = true;
-            g = self.0.cv.wait(g).expect("slot lock");
+            g = self.cv.wait(g).expect("slot lock");
             g.sleeping = false;
         }
     }
-}
 
-impl Future for Completion {
-    type Output = TaskResult;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TaskResult> {
-        let mut g = self.0.state.lock().expect("slot lock");
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<T> {
+        let mut g = self.state.lock().expect("slot lock");
         if let Some(r) = g.result.take() {
             return Poll::Ready(r);
         }
@@ -161,10 +172,101 @@ impl Future for Completion {
     }
 }
 
+/// Completion of one task: `.await` it or `wait()` for it.
+pub struct Completion(Arc<Slot<TaskResult>>);
+
+impl Completion {
+    /// Block until the task completes (spins briefly, then parks).
+    pub fn wait(self) -> TaskResult {
+        self.0.wait()
+    }
+}
+
+impl Future for Completion {
+    type Output = TaskResult;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TaskResult> {
+        self.0.poll(cx)
+    }
+}
+
+/// Completion of a group: every row in one `Mapping`, in input order.
+pub struct GroupCompletion(Arc<Slot<Result<Mapping>>>);
+
+impl GroupCompletion {
+    /// Block until the whole group completes.
+    pub fn wait(self) -> Result<Mapping> {
+        self.0.wait()
+    }
+}
+
+impl Future for GroupCompletion {
+    type Output = Result<Mapping>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Mapping>> {
+        self.0.poll(cx)
+    }
+}
+
+/// A group in flight: its inputs, the shared result buffer its chunks
+/// fill, and how many chunks are still out.
+struct Group {
+    xs: Vec<i32>,
+    result_max: usize,
+    acc: Mutex<GroupAcc>,
+    slot: Arc<Slot<Result<Mapping>>>,
+}
+
+struct GroupAcc {
+    out: Vec<i32>,
+    lens: Vec<u32>,
+    error: Option<OffloadError>,
+    chunks_left: usize,
+}
+
+impl Group {
+    /// Chunk `start..start + len` of the group is rows `at..at + len` of `m`
+    /// (or failed with `e`); completes the group after its last chunk.
+    fn chunk_done(
+        &self,
+        start: usize,
+        len: usize,
+        r: std::result::Result<(&Mapping, usize), &OffloadError>,
+    ) {
+        let rm = self.result_max;
+        let mut a = self.acc.lock().expect("group lock");
+        match r {
+            Ok((m, at)) => {
+                a.out[start * rm..(start + len) * rm]
+                    .copy_from_slice(&m.out[at * rm..(at + len) * rm]);
+                a.lens[start..start + len].copy_from_slice(&m.lens[at..at + len]);
+            }
+            Err(e) => {
+                if a.error.is_none() {
+                    a.error = Some(e.clone());
+                }
+            }
+        }
+        a.chunks_left -= 1;
+        if a.chunks_left > 0 {
+            return;
+        }
+        let r = match a.error.take() {
+            Some(e) => Err(e),
+            None => Ok(Mapping {
+                result_max: rm,
+                out: std::mem::take(&mut a.out),
+                lens: std::mem::take(&mut a.lens),
+                fallbacks: 0,
+            }),
+        };
+        drop(a);
+        self.slot.complete(r);
+    }
+}
+
 type Callback = Box<dyn FnOnce(TaskResult) + Send>;
 
 enum Done {
-    Slot(Arc<Slot>),
+    Slot(Arc<Slot<TaskResult>>),
     Callback(Callback),
 }
 
@@ -177,9 +279,40 @@ impl Done {
     }
 }
 
-struct Task {
-    x: i32,
-    done: Done,
+/// One queue entry: a single task, or a chunk of a group.
+enum Task {
+    One {
+        x: i32,
+        done: Done,
+    },
+    Chunk {
+        group: Arc<Group>,
+        start: usize,
+        len: usize,
+    },
+}
+
+impl Task {
+    fn inputs(&self) -> usize {
+        match self {
+            Task::One { .. } => 1,
+            Task::Chunk { len, .. } => *len,
+        }
+    }
+
+    fn fail(self, e: &OffloadError) {
+        match self {
+            Task::One { done, .. } => done.complete(Err(e.clone())),
+            Task::Chunk { group, start, len } => group.chunk_done(start, len, Err(e)),
+        }
+    }
+}
+
+/// A batch being formed: its entries and how many inputs they hold.
+#[derive(Default)]
+struct Batch {
+    tasks: Vec<Task>,
+    inputs: usize,
 }
 
 /// Counters: how tasks were grouped into launches.
@@ -216,7 +349,7 @@ impl Shared {
         if g.closed {
             drop(g);
             for t in tasks {
-                t.done.complete(Err(OffloadError::Closed));
+                t.fail(&OffloadError::Closed);
             }
             return;
         }
@@ -229,15 +362,24 @@ impl Shared {
         }
     }
 
-    fn take(&self, g: &mut Queue, batch: &mut Vec<Task>) {
-        let k = (self.cfg.max_batch - batch.len()).min(g.tasks.len());
-        batch.extend(g.tasks.drain(..k));
+    /// Moves queued entries into `batch` while their inputs fit in
+    /// `max_batch` (a chunk is never larger than that, so an empty batch
+    /// always takes the first entry).
+    fn take(&self, g: &mut Queue, batch: &mut Batch) {
+        while let Some(t) = g.tasks.front() {
+            let k = t.inputs();
+            if batch.inputs > 0 && batch.inputs + k > self.cfg.max_batch {
+                break;
+            }
+            batch.inputs += k;
+            batch.tasks.extend(g.tasks.pop_front());
+        }
         self.queued.store(g.tasks.len(), Ordering::Release);
     }
 
     /// The next batch (called by the collector); None when the pool is
     /// closed and drained.
-    fn collect(&self) -> Option<Vec<Task>> {
+    fn collect(&self) -> Option<Batch> {
         spin_until(|| {
             self.queued.load(Ordering::Acquire) > 0 || self.closed.load(Ordering::Acquire)
         });
@@ -251,13 +393,16 @@ impl Shared {
             g.parked = false;
         }
         let max = self.cfg.max_batch;
-        let mut batch = Vec::with_capacity(g.tasks.len().min(max));
+        let mut batch = Batch {
+            tasks: Vec::with_capacity(g.tasks.len().min(max)),
+            inputs: 0,
+        };
         self.take(&mut g, &mut batch);
-        if batch.len() < max && !self.cfg.max_wait.is_zero() {
+        if batch.inputs < max && !self.cfg.max_wait.is_zero() {
             let deadline = Instant::now() + self.cfg.max_wait;
             loop {
                 self.take(&mut g, &mut batch);
-                if batch.len() >= max || g.closed {
+                if batch.inputs >= max || g.closed || !g.tasks.is_empty() {
                     break;
                 }
                 let now = Instant::now();
@@ -275,10 +420,10 @@ impl Shared {
         }
         drop(g);
         let st = &self.stats;
-        st.tasks.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        st.tasks.fetch_add(batch.inputs as u64, Ordering::Relaxed);
         st.launches.fetch_add(1, Ordering::Relaxed);
         st.largest_launch
-            .fetch_max(batch.len() as u64, Ordering::Relaxed);
+            .fetch_max(batch.inputs as u64, Ordering::Relaxed);
         Some(batch)
     }
 }
@@ -286,6 +431,7 @@ impl Shared {
 pub struct IoPool {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    result_max: usize,
 }
 
 impl IoPool {
@@ -323,6 +469,7 @@ impl IoPool {
         let mut pool = IoPool {
             shared: shared.clone(),
             threads: Vec::new(),
+            result_max,
         };
         for pe in 0..pes.max(1) {
             let (device, map, weights, sh) =
@@ -340,16 +487,33 @@ impl IoPool {
                             }
                         };
                         xs.clear();
-                        xs.extend(batch.iter().map(|t| t.x));
+                        for t in &batch.tasks {
+                            match t {
+                                Task::One { x, .. } => xs.push(*x),
+                                Task::Chunk { group, start, len } => {
+                                    xs.extend_from_slice(&group.xs[*start..start + len])
+                                }
+                            }
+                        }
                         match device.map_on(pe, &map, rule, Inputs::Xs(&xs), result_max, &weights) {
                             Ok(m) => {
-                                for (i, t) in batch.into_iter().enumerate() {
-                                    t.done.complete(Ok(m.row(i).to_vec()));
+                                let mut at = 0;
+                                for t in batch.tasks {
+                                    match t {
+                                        Task::One { done, .. } => {
+                                            done.complete(Ok(m.row(at).to_vec()));
+                                            at += 1;
+                                        }
+                                        Task::Chunk { group, start, len } => {
+                                            group.chunk_done(start, len, Ok((&m, at)));
+                                            at += len;
+                                        }
+                                    }
                                 }
                             }
                             Err(e) => {
-                                for t in batch {
-                                    t.done.complete(Err(e.clone()));
+                                for t in batch.tasks {
+                                    t.fail(&e);
                                 }
                             }
                         }
@@ -366,7 +530,7 @@ impl IoPool {
     /// Submit one task; its completion.
     pub fn submit(&self, x: i32) -> Completion {
         let slot = Arc::new(Slot::default());
-        self.shared.push(std::iter::once(Task {
+        self.shared.push(std::iter::once(Task::One {
             x,
             done: Done::Slot(slot.clone()),
         }));
@@ -375,7 +539,7 @@ impl IoPool {
 
     /// Submit one task; `f` runs on a processing element when it completes.
     pub fn submit_with<F: FnOnce(TaskResult) + Send + 'static>(&self, x: i32, f: F) {
-        self.shared.push(std::iter::once(Task {
+        self.shared.push(std::iter::once(Task::One {
             x,
             done: Done::Callback(Box::new(f)),
         }));
@@ -383,12 +547,52 @@ impl IoPool {
 
     /// Submit a batch (queued at once); one completion per input, in order.
     pub fn submit_batch(&self, xs: &[i32]) -> Vec<Completion> {
-        let slots: Vec<Arc<Slot>> = xs.iter().map(|_| Arc::new(Slot::default())).collect();
-        self.shared.push(xs.iter().zip(&slots).map(|(&x, s)| Task {
-            x,
-            done: Done::Slot(s.clone()),
-        }));
+        let slots: Vec<Arc<Slot<TaskResult>>> =
+            xs.iter().map(|_| Arc::new(Slot::default())).collect();
+        self.shared
+            .push(xs.iter().zip(&slots).map(|(&x, s)| Task::One {
+                x,
+                done: Done::Slot(s.clone()),
+            }));
         slots.into_iter().map(Completion).collect()
+    }
+
+    /// Submit a group: one completion for all of `xs`, whose rows come back
+    /// in one `Mapping` in input order. Split into chunks of up to
+    /// `max_batch` inputs that the PEs run in parallel. The group's
+    /// `fallbacks` is 0: per-launch counts stay with the device.
+    pub fn submit_group(&self, xs: Vec<i32>) -> GroupCompletion {
+        let n = xs.len();
+        let rm = self.result_max;
+        let chunk = self.shared.cfg.max_batch;
+        let chunks = n.div_ceil(chunk);
+        let slot = Arc::new(Slot::default());
+        if n == 0 {
+            slot.complete(Ok(Mapping {
+                result_max: rm,
+                out: Vec::new(),
+                lens: Vec::new(),
+                fallbacks: 0,
+            }));
+            return GroupCompletion(slot);
+        }
+        let group = Arc::new(Group {
+            xs,
+            result_max: rm,
+            acc: Mutex::new(GroupAcc {
+                out: vec![0; n * rm],
+                lens: vec![0; n],
+                error: None,
+                chunks_left: chunks,
+            }),
+            slot: slot.clone(),
+        });
+        self.shared.push((0..chunks).map(|c| Task::Chunk {
+            group: group.clone(),
+            start: c * chunk,
+            len: chunk.min(n - c * chunk),
+        }));
+        GroupCompletion(slot)
     }
 
     pub fn stats(&self) -> &PoolStats {

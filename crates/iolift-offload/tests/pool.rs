@@ -76,6 +76,49 @@ fn completions_by_wait_future_and_callback() {
     pool.shutdown();
 }
 
+/// A group comes back as one `Mapping` in input order, split into chunks
+/// of `max_batch` inputs (one launch each here); single tasks submitted in
+/// between are unaffected; an empty group completes at once.
+#[test]
+fn groups_complete_once_with_every_row_in_order() {
+    let (dev, h, w) = setup(120);
+    let cfg = PoolConfig {
+        max_batch: 64,
+        max_wait: Duration::from_millis(200),
+        pes: 2,
+    };
+    let pool = IoPool::new(dev, h.clone(), 0, 3, w.clone(), cfg).unwrap();
+    let xs = random_inputs(1000, 3);
+    let g = pool.submit_group(xs.clone());
+    let one = pool.submit(12345);
+    let g2 = pool.submit_group(vec![7, 8, 9]);
+    let m = g.wait().unwrap();
+    assert_eq!(m.len(), 1000);
+    assert_eq!(m.result_max, 3);
+    for (i, &x) in xs.iter().enumerate() {
+        assert_eq!(
+            m.row(i),
+            expect(&h, 0, x, 3, &w).as_slice(),
+            "row {i} (x {x})"
+        );
+    }
+    assert_eq!(one.wait().unwrap(), expect(&h, 0, 12345, 3, &w));
+    let m2 = block_on(g2).unwrap();
+    for (i, x) in [7, 8, 9].into_iter().enumerate() {
+        assert_eq!(m2.row(i), expect(&h, 0, x, 3, &w).as_slice());
+    }
+    let e = pool.submit_group(Vec::new()).wait().unwrap();
+    assert!(e.is_empty());
+    let st = pool.stats();
+    assert_eq!(st.tasks.load(Ordering::Relaxed), 1004);
+    // 15 full chunks of 64, then 40 + 1 + 3 (together, unless a wait of
+    // max_wait ran out in between): never more than 64 inputs per launch
+    assert_eq!(st.largest_launch.load(Ordering::Relaxed), 64);
+    let l = st.launches.load(Ordering::Relaxed);
+    assert!((16..=18).contains(&l), "{l} launches");
+    pool.shutdown();
+}
+
 #[test]
 fn batching_by_size() {
     let (dev, h, w) = setup(60);

@@ -360,7 +360,7 @@ async fn transmission<R, W>(
             } else {
                 quiet = quiet.saturating_sub(1);
             }
-            rd.get_mut().set_spin(quiet == 0);
+            rd.get_mut().at_boundary(quiet == 0);
             burst = 0;
             tokio::select! {
                 r = rd.read_exact(&mut hb) => r,

@@ -39,7 +39,7 @@ impl RawSocket for tokio::net::tcp::OwnedReadHalf {
 pub const MAX_POLL: Duration = Duration::from_millis(10);
 
 /// A read half that polls its socket for up to `budget` before sleeping,
-/// while polling pays: its owner says so (`set_spin`) and data has lately
+/// while polling pays: its owner says so (`at_boundary`) and data has lately
 /// come within the budget. A zero budget is a plain pass-through.
 pub struct Polled<R> {
     inner: R,
@@ -54,6 +54,10 @@ pub struct Polled<R> {
     /// Since when the current read has found nothing, and whether it
     /// polled already (a wake-up without data does not poll again).
     waiting: Option<(Instant, bool)>,
+    /// The next read waits for a new request (`at_boundary`). Only those
+    /// reads poll and are measured: the short waits between the pieces of
+    /// a large write payload say nothing about the gap between requests.
+    boundary: bool,
     /// Polls started (for tests and logs).
     polls: u64,
 }
@@ -66,25 +70,30 @@ impl<R> Polled<R> {
             spin: true,
             gap: Duration::ZERO,
             waiting: None,
+            boundary: true,
             polls: 0,
         }
     }
 
-    /// A read got data (or an error): fold its wait into the average.
+    /// A boundary read got data (or an error): fold its wait into the
+    /// average; reads are mid-request until the next `at_boundary`.
     fn arrived(&mut self) {
         let waited = match self.waiting.take() {
             Some((t0, _)) => t0.elapsed(),
             None => Duration::ZERO,
         };
         self.gap = (self.gap * 7 + waited) / 8;
+        self.boundary = false;
     }
 
-    /// Whether the next reads poll. The connection turns it off while the
-    /// client keeps many requests coming (each read finds a batch): then
-    /// the reader seldom sleeps anyway, and a polling core only takes CPU
-    /// and socket locks from the client.
-    pub fn set_spin(&mut self, on: bool) {
-        self.spin = on;
+    /// The next read waits for a new request; `spin`: whether it may
+    /// poll. The connection says no while the client keeps many requests
+    /// coming (each read finds a batch): then the reader seldom sleeps
+    /// anyway, and a polling core only takes CPU and socket locks from the
+    /// client.
+    pub fn at_boundary(&mut self, spin: bool) {
+        self.spin = spin;
+        self.boundary = true;
     }
 }
 
@@ -126,7 +135,7 @@ impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
-        if !me.spin || me.budget.is_zero() || buf.remaining() == 0 {
+        if !me.boundary || !me.spin || me.budget.is_zero() || buf.remaining() == 0 {
             me.waiting = None;
             return Pin::new(&mut me.inner).poll_read(cx, buf);
         }
@@ -209,19 +218,25 @@ mod tests {
             other => panic!("expected the 5 bytes sent while polling, got {other:?}"),
         }
         let mut b = t.join().unwrap();
-        // nothing more comes: the budget runs out and the read waits
+        // mid-request (no new boundary): no polling, the runtime's path
         p.budget = Duration::from_millis(2);
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!(p.polls, 1);
+        // at a boundary, nothing more comes: the budget runs out, the read waits
+        p.at_boundary(true);
         let t0 = Instant::now();
         assert!(poll_once(&mut p, &mut buf).is_pending());
         assert!(t0.elapsed() >= Duration::from_millis(2));
+        assert_eq!(p.polls, 2);
         // polling off: data in the socket is left to the runtime's path
         b.write_all(b"x").unwrap();
-        p.set_spin(false);
+        p.at_boundary(false);
         assert!(poll_once(&mut p, &mut buf).is_pending());
-        p.set_spin(true);
+        p.at_boundary(true);
         assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
         // EOF is a zero-length read, not an error
         drop(b);
+        p.at_boundary(true);
         assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(0))));
     }
 
@@ -239,9 +254,11 @@ mod tests {
         // data now: found by the first receive, the wait was short
         for _ in 0..80 {
             b.write_all(b"y").unwrap();
+            p.at_boundary(true);
             assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
         }
         assert!(p.gap * 2 <= p.budget, "gap {:?}", p.gap);
+        p.at_boundary(true);
         assert!(poll_once(&mut p, &mut buf).is_pending());
         assert_eq!(p.polls, 1, "did not poll once the gaps were short");
         // a wake-up without data does not poll a second time
