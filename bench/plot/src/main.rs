@@ -17,13 +17,14 @@ use std::error::Error;
 use std::path::Path;
 
 const RW: [&str; 4] = ["read", "write", "randread", "randwrite"];
-const PEERS: [&str; 4] = ["iolift", "iolift+cs", "qemu-nbd", "fio-rbd"];
+const PEERS: [&str; 5] = ["iolift", "iolift+cs", "iolift-poll", "qemu-nbd", "fio-rbd"];
+/// One per entry of PEERS (then spares for unknown peers).
 const COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
     RGBColor(255, 127, 14),
     RGBColor(127, 127, 127),
-    RGBColor(148, 103, 189),
     RGBColor(214, 39, 40),
 ];
 
