@@ -413,32 +413,8 @@ fn poll_mode_fio_verify_qd1_and_qd32() {
         .tcp()
         .start();
     let tcp = srv.tcp_uri("");
-    for (uri, qd, jobs, size) in [(srv.uri(), "1", "2", "2M"), (tcp, "32", "3", "12M")] {
-        let o = run_ok(cmd("fio").args([
-            "--name=poll",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bs=4k",
-            &format!("--iodepth={qd}"),
-            &format!("--numjobs={jobs}"),
-            &format!("--size={size}"),
-            "--offset_increment=16M",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-            "--group_reporting",
-        ]));
-        let all = o.all();
-        assert!(!all.contains("verify: bad"), "{all}");
-        assert!(
-            all.matches("err=").count() > 0
-                && all.matches("err=").count() == all.matches("err= 0").count(),
-            "fio reported errors at iodepth {qd}:\n{all}"
-        );
-        assert!(all.contains("read: IOPS="), "no verify read phase:\n{all}");
-    }
+    fio_randwrite_verify(&srv.uri(), 1, 2, "2M", "16M");
+    fio_randwrite_verify(&tcp, 32, 3, "12M", "16M");
 }
 
 #[test]
@@ -446,31 +422,7 @@ fn fio_verify_crc32c_qd32_four_connections() {
     let _g = heavy();
     require_tool("fio");
     let srv = ServerBuilder::peer().backend("memory:256M").start();
-    let o = run_ok(cmd("fio").args([
-        "--name=verify",
-        "--ioengine=nbd",
-        &format!("--uri={}", srv.uri()),
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=32",
-        "--numjobs=4",
-        "--size=16M",
-        "--offset_increment=32M",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--group_reporting",
-    ]));
-    let all = o.all();
-    assert!(!all.contains("verify: bad"), "{all}");
-    assert!(
-        all.contains("err= 0")
-            && !all.contains("err= 1")
-            && all.matches("err=").count() == all.matches("err= 0").count(),
-        "fio reported errors:\n{all}"
-    );
-    assert!(all.contains("read: IOPS="), "no verify read phase:\n{all}");
+    fio_randwrite_verify(&srv.uri(), 32, 4, "16M", "32M");
     // a mixed random read/write job with verification, bigger blocks
     run_ok(cmd("fio").args([
         "--name=mixed",

@@ -23,28 +23,7 @@ fn fio_verify_through_cache_and_scheduler_on_file() {
         .args(["--stage", "scheduler"])
         .backend(&format!("file:{},size=256M", img.display()))
         .start();
-    let o = run_ok(cmd("fio").args([
-        "--name=verify",
-        "--ioengine=nbd",
-        &format!("--uri={}", srv.uri()),
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=32",
-        "--numjobs=4",
-        "--size=16M",
-        "--offset_increment=32M",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--group_reporting",
-    ]));
-    let all = o.all();
-    assert!(
-        !all.contains("verify: bad")
-            && all.matches("err=").count() == all.matches("err= 0").count(),
-        "{all}"
-    );
+    fio_randwrite_verify(&srv.uri(), 32, 4, "16M", "32M");
     // Sequential bigger blocks (merged by the scheduler, larger than the
     // cache's dirty limit) and a mixed job.
     run_ok(cmd("fio").args([

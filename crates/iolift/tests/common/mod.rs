@@ -770,3 +770,39 @@ pub fn sha256_file(path: &Path) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// fio 4k random writes with crc32c verification through an NBD URI
+/// (`numjobs` connections, each on its own `size` range, `offset_increment`
+/// apart), then asserts no bad block, no job error, and a verify read phase.
+pub fn fio_randwrite_verify(
+    uri: &str,
+    iodepth: u32,
+    jobs: u32,
+    size: &str,
+    offset_increment: &str,
+) {
+    let o = run_ok(cmd("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        &format!("--iodepth={iodepth}"),
+        &format!("--numjobs={jobs}"),
+        &format!("--size={size}"),
+        &format!("--offset_increment={offset_increment}"),
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        "--group_reporting",
+    ]));
+    let all = o.all();
+    assert!(!all.contains("verify: bad"), "{all}");
+    assert!(
+        all.matches("err=").count() > 0
+            && all.matches("err=").count() == all.matches("err= 0").count(),
+        "fio reported errors (iodepth {iodepth}, {jobs} jobs):\n{all}"
+    );
+    assert!(all.contains("read: IOPS="), "no verify read phase:\n{all}");
+}
