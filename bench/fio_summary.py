@@ -131,25 +131,21 @@ def main():
     def get(job, key, who="ratio"):
         return summary.get(job, {}).get(key, {}).get(who)
 
-    checks = []
-    for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
-        r = get(job, "iops")
-        checks.append(("%s IOPS >= 1.5x nbdkit" % job, r, r is not None and r >= 1.5))
-    for job in ("randread_4k_qd1", "randwrite_4k_qd1"):
-        r = get(job, "p50_us")
-        checks.append(("%s p50 <= nbdkit" % job, r, r is not None and r <= 1.0))
-    for job in ("randread_4k_qd32", "randwrite_4k_qd32"):
-        r = get(job, "cpu_us_per_io")
-        checks.append(("%s CPU/IO <= 0.7x nbdkit" % job, r, r is not None and r <= 0.7))
+    # (job, metric key, label, ratio is good when it is >= / <= this)
+    targets = [(j, "iops", "IOPS >= 1.5x nbdkit", lambda r: r >= 1.5)
+               for j in ("randread_4k_qd32", "randwrite_4k_qd32")]
+    targets += [(j, "p50_us", "p50 <= nbdkit", lambda r: r <= 1.0)
+                for j in ("randread_4k_qd1", "randwrite_4k_qd1")]
+    targets += [(j, "cpu_us_per_io", "CPU/IO <= 0.7x nbdkit", lambda r: r <= 0.7)
+                for j in ("randread_4k_qd32", "randwrite_4k_qd32")]
     print()
     print("targets (default iolift%s):" % ("; poll mode in brackets" if has_poll else ""))
-    for name, r, ok in checks:
-        extra = ""
-        if has_poll:
-            job, key = name.split()[0], {"IOPS": "iops", "p50": "p50_us", "CPU/IO": "cpu_us_per_io"}[name.split()[1]]
-            pr = get(job, key, "poll_ratio")
-            extra = "  [poll %s]" % fmt(pr, 2)
-        print("  %-40s ratio %-6s %-8s%s" % (name, fmt(r, 2), "MET" if ok else "not met", extra))
+    for job, key, label, good in targets:
+        r = get(job, key)
+        ok = r is not None and good(r)
+        extra = "  [poll %s]" % fmt(get(job, key, "poll_ratio"), 2) if has_poll else ""
+        print("  %-40s ratio %-6s %-8s%s" % ("%s %s" % (job, label), fmt(r, 2),
+                                             "MET" if ok else "not met", extra))
     errs = sum(r["errors"] for rows_ in data.values() for r in rows_)
     if errs:
         print("WARNING: fio reported %d job errors" % errs)

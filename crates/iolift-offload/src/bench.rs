@@ -72,37 +72,47 @@ pub fn round_trip_us(pool: &IoPool, iters: usize) -> Result<(f64, f64)> {
     Ok((p(0.5), p(0.99)))
 }
 
-/// Tasks/s when `batch` tasks are submitted at once and all awaited.
-pub fn tasks_per_sec(pool: &IoPool, batch: usize, min_time: Duration) -> Result<f64> {
+/// Tasks/s of `run` (submits the inputs 0..batch and awaits them), run
+/// again until `min_time` has passed.
+fn tasks_rate(
+    batch: usize,
+    min_time: Duration,
+    mut run: impl FnMut(&[i32]) -> Result<()>,
+) -> Result<f64> {
     let xs: Vec<i32> = (0..batch as i32).collect();
     let t = Instant::now();
     let mut done = 0usize;
     while done == 0 || t.elapsed() < min_time {
-        for c in pool.submit_batch(&xs) {
-            c.wait()?;
-        }
+        run(&xs)?;
         done += batch;
     }
     Ok(done as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Tasks/s when `batch` tasks are submitted at once and all awaited.
+pub fn tasks_per_sec(pool: &IoPool, batch: usize, min_time: Duration) -> Result<f64> {
+    tasks_rate(batch, min_time, |xs| {
+        for c in pool.submit_batch(xs) {
+            c.wait()?;
+        }
+        Ok(())
+    })
+}
+
 /// Tasks/s when `batch` tasks are submitted as one group (`submit_group`:
 /// one completion, results in one buffer) and awaited.
 pub fn tasks_per_sec_grouped(pool: &IoPool, batch: usize, min_time: Duration) -> Result<f64> {
-    let xs: Vec<i32> = (0..batch as i32).collect();
-    let t = Instant::now();
-    let mut done = 0usize;
-    while done == 0 || t.elapsed() < min_time {
-        let m = pool.submit_group(xs.clone()).wait()?;
-        if m.len() != batch {
+    tasks_rate(batch, min_time, |xs| {
+        let m = pool.submit_group(xs.to_vec()).wait()?;
+        if m.len() != xs.len() {
             return Err(OffloadError::Invalid(format!(
-                "group of {batch} came back with {} rows",
+                "group of {} came back with {} rows",
+                xs.len(),
                 m.len()
             )));
         }
-        done += batch;
-    }
-    Ok(done as f64 / t.elapsed().as_secs_f64())
+        Ok(())
+    })
 }
 
 /// A pool for round-trip / tasks/s measurements.
@@ -207,14 +217,10 @@ pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> 
         "single-task round trip (submit -> completion, max_wait 0): p50 {p50:.1} us, p99 {p99:.1} us"
     )
     .map_err(io)?;
+    let mt = Duration::from_millis(if o.quick { 50 } else { 500 });
     let mut b = 1usize;
     while b <= o.max_batch {
-        let tps = tasks_per_sec(
-            &pool,
-            b,
-            Duration::from_millis(if o.quick { 50 } else { 500 }),
-        )?;
-        let mt = Duration::from_millis(if o.quick { 50 } else { 500 });
+        let tps = tasks_per_sec(&pool, b, mt)?;
         let gps = tasks_per_sec_grouped(&pool, b, mt)?;
         writeln!(
             out,

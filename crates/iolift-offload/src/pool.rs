@@ -309,7 +309,6 @@ impl Task {
 }
 
 /// A batch being formed: its entries and how many inputs they hold.
-#[derive(Default)]
 struct Batch {
     tasks: Vec<Task>,
     inputs: usize,

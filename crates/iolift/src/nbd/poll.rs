@@ -39,8 +39,9 @@ impl RawSocket for tokio::net::tcp::OwnedReadHalf {
 pub const MAX_POLL: Duration = Duration::from_millis(10);
 
 /// A read half that polls its socket for up to `budget` before sleeping,
-/// while polling pays: its owner says so (`at_boundary`) and data has lately
-/// come within the budget. A zero budget is a plain pass-through.
+/// while polling pays: the read waits for a new request, its owner allows
+/// it (`at_boundary`) and such waits have lately averaged at most half the
+/// budget. A zero budget is a plain pass-through.
 pub struct Polled<R> {
     inner: R,
     budget: Duration,
@@ -58,7 +59,7 @@ pub struct Polled<R> {
     /// reads poll and are measured: the short waits between the pieces of
     /// a large write payload say nothing about the gap between requests.
     boundary: bool,
-    /// Polls started (for tests and logs).
+    /// Polls started (read by the tests).
     polls: u64,
 }
 
