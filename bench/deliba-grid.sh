@@ -10,7 +10,8 @@
 #
 # Workloads: 4k and 128k x seq/rand x read/write; latency (p50, p99) at iodepth 1,
 # IOPS and MB/s at iodepth 32. Each cell runs REPS times (peers interleaved within a
-# rep); the table shows medians and ratios, and three PNG figures are drawn.
+# rep, in an order that turns every cell); the table shows medians and ratios, and three
+# PNG figures are drawn.
 #
 #   bench/deliba-grid.sh [OUTDIR]       default OUTDIR: bench/out/deliba-YYYYmmdd-HHMMSS
 #
@@ -185,15 +186,22 @@ LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 total=0
 for _ in $BS_LIST; do for _ in $RW_LIST; do for _ in $QDS; do total=$((total + ${#ACTIVE[@]} * REPS)); done; done; done
 say "$total fio runs of ${RUNTIME}+${RAMP} s each (about $(( total * (RUNTIME + RAMP + 1) / 60 )) min)"
+# The peers' order turns by one every cell and every rep, so that no peer always runs
+# right after the same other one (after a writer whose data the OSDs are still
+# digesting, say) or always first in a cell.
 n=0
+k=${#ACTIVE[@]}
 for rep in $(seq "$REPS"); do
+  cell=0
   for bs in $BS_LIST; do
     for rw in $RW_LIST; do
       for qd in $QDS; do
-        for peer in "${ACTIVE[@]}"; do
+        for i in $(seq 0 $((k - 1))); do
+          peer=${ACTIVE[$(( (i + cell + rep) % k ))]}
           n=$((n + 1))
           run_fio "$peer" "$bs" "$rw" "$qd" "$rep"
         done
+        cell=$((cell + 1))
       done
     done
   done
