@@ -16,11 +16,12 @@
 # servers flips every repeat (A B, B A, ...) so drift on a shared machine
 # hits both. Summary: bench/fio_summary.py.
 #
-# A third server, `iolift serve --poll-us $POLL_US` (poll mode, see
-# docs/nbd.md), runs every job after each pair; its column shows what poll
-# mode buys and costs. POLL=0 skips it. The summary also prints fio's own
-# CPU use at QD32: near 100% of a core, the client is the limit and no
-# server can raise IOPS much.
+# iolift runs with its defaults, poll mode included (--poll-us 100, see
+# docs/nbd.md). A third server, `iolift serve --poll-us 0` (no poll mode),
+# runs every job after each pair; its column shows what poll mode buys and
+# costs. NOPOLL=0 skips it. The summary also prints fio's own CPU use at
+# QD32: near 100% of a core, the client is the limit and no server can
+# raise IOPS much.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +29,6 @@ R=${R:-3}
 RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1G}
 THREADS=${THREADS:-2}
-POLL_US=${POLL_US:-100}
 TARGET=${CARGO_TARGET_DIR:-target}
 IOLIFT=$TARGET/release/iolift
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
@@ -57,7 +57,7 @@ start_server() { # $1 = iolift|nbdkit, $2 = socket
     rm -f "$2"
     case $1 in
         iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
-        poll) "$IOLIFT" serve --socket "$2" --threads "$THREADS" --poll-us "$POLL_US" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
+        nopoll) "$IOLIFT" serve --socket "$2" --threads "$THREADS" --poll-us 0 "memory:$SIZE" 2>"$WORK/$1.log" & ;;
         nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
     esac
     SERVER_PID=$!
@@ -109,7 +109,7 @@ run_one() { # server rep
 echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for rep in $(seq 1 "$R"); do
     if (( rep % 2 )); then order="iolift nbdkit"; else order="nbdkit iolift"; fi
-    if [[ ${POLL:-1} != 0 ]]; then order="$order poll"; fi
+    if [[ ${NOPOLL:-1} != 0 ]]; then order="$order nopoll"; fi
     for srv in $order; do run_one "$srv" "$rep"; done
 done
 

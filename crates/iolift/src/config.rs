@@ -6,7 +6,7 @@
 //! read_only = false                # every export read-only
 //! max_request = "32M"              # largest read/write payload
 //! threads = 2                      # tokio worker threads
-//! poll_us = 0                      # poll mode budget, microseconds (0 = off)
+//! poll_us = 100                    # poll mode budget, microseconds (0 = off)
 //! default_export = "disk"          # the export answering to the empty name
 //! stages = ["cache:size=64M"]      # stacked on every export (first = top)
 //!

@@ -21,6 +21,10 @@ pub use crate::nbd::Export;
 /// Default backend of the "" export when nothing else is given.
 pub const DEFAULT_BACKEND: &str = "file:iolift-disk.img,size=1G";
 pub const DEFAULT_SOCKET: &str = "/tmp/iolift.sock";
+/// Poll mode's budget unless told otherwise: covers a local client's turn
+/// around at queue depth 1 (tens of microseconds), while the gap and burst
+/// rules keep it off for slower backends and deep queues (nbd/poll.rs).
+pub const DEFAULT_POLL_US: u64 = 100;
 pub const DEFAULT_TCP: &str = "127.0.0.1:10809";
 const DEFAULT_PORT: u16 = 10809;
 
@@ -63,8 +67,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Poll mode: a connection's reader retries its socket for up to N
-    /// microseconds before sleeping (max 10000; 0 = off, the default).
-    /// Saves a wake-up per request at low queue depth; costs CPU.
+    /// microseconds before sleeping (max 10000; 0 = off) [default: 100].
+    /// Saves a wake-up per request at low queue depth; costs CPU while a
+    /// client waits for each reply. Off by itself for deep queues and for
+    /// waits longer than half the budget.
     #[arg(long, value_name = "N")]
     pub poll_us: Option<u64>,
     /// Serve the stats/cache/scheduler stages' counters in Prometheus text
@@ -240,7 +246,7 @@ pub fn settings_from(a: &ServeArgs, cfg: &Config) -> Result<Settings> {
     let poll_us = match (a.poll_us, cfg.poll_us) {
         (Some(n), _) => config::validate_poll_us(n).context("--poll-us")?,
         (None, Some(n)) => config::validate_poll_us(n).context("poll_us")?,
-        (None, None) => 0,
+        (None, None) => DEFAULT_POLL_US,
     };
     let tcp = a.tcp.clone().or(cfg.tcp.clone());
     if let Some(t) = &tcp {
@@ -471,6 +477,7 @@ async fn serve_async(s: Settings) -> Result<ExitCode> {
         ServerCfg {
             max_request: s.max_request,
             poll: Duration::from_micros(s.poll_us),
+            poll_spinners: s.threads.saturating_sub(1).max(1),
             ..ServerCfg::default()
         },
     ));
@@ -552,6 +559,26 @@ mod tests {
         assert_eq!(s.exports[0].backend, DEFAULT_BACKEND);
         assert_eq!(s.socket, Some(PathBuf::from(DEFAULT_SOCKET)));
         assert_eq!(s.max_request, 32 << 20);
+        assert_eq!(s.poll_us, DEFAULT_POLL_US);
+        assert_eq!(s.threads, 2);
+        let cfg = Config {
+            poll_us: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(
+            settings_from(&a, &cfg).unwrap().poll_us,
+            0,
+            "poll_us = 0 turns it off"
+        );
+        let a0 = ServeArgs {
+            poll_us: Some(7),
+            ..Default::default()
+        };
+        assert_eq!(
+            settings_from(&a0, &cfg).unwrap().poll_us,
+            7,
+            "the flag beats the file"
+        );
 
         let a = ServeArgs {
             exports: vec!["a=memory:1M".into(), "b=null:1M".into()],

@@ -62,7 +62,7 @@ pub async fn serve<R, W>(
     R: AsyncRead + RawSocket + Unpin + Send + 'static,
     W: ReplyWriter,
 {
-    let rd = Polled::new(rd, server.cfg.poll);
+    let rd = Polled::new(rd, server.cfg.poll, server.spin_gate.clone());
     let mut rd = BufReader::with_capacity(READ_BUF, rd);
     let hs = handshake(&server, &mut rd, &mut wr);
     let neg = tokio::select! {

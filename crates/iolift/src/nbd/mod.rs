@@ -54,6 +54,9 @@ pub struct ServerCfg {
     /// Poll mode: a connection's reader retries its socket this long
     /// before sleeping (zero: off). See `poll.rs`.
     pub poll: Duration,
+    /// Poll mode: how many connections may poll at once (see
+    /// `poll::SpinGate`); `serve` allows one fewer than its worker threads.
+    pub poll_spinners: usize,
 }
 
 impl Default for ServerCfg {
@@ -63,6 +66,7 @@ impl Default for ServerCfg {
             inflight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),
             poll: Duration::ZERO,
+            poll_spinners: 1,
         }
     }
 }
@@ -73,6 +77,8 @@ pub struct Server {
     /// The export that answers to the empty name when none is named "".
     pub default_export: Option<String>,
     pub cfg: ServerCfg,
+    /// Poll mode: the connections' shared places to poll in.
+    pub spin_gate: Arc<poll::SpinGate>,
 }
 
 impl Server {
@@ -80,6 +86,7 @@ impl Server {
         Server {
             exports: exports.into_iter().map(Arc::new).collect(),
             default_export,
+            spin_gate: poll::SpinGate::new(cfg.poll_spinners.max(1)),
             cfg,
         }
     }

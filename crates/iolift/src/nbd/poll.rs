@@ -14,6 +14,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, ReadBuf};
@@ -32,6 +34,43 @@ impl RawSocket for tokio::net::unix::OwnedReadHalf {
 impl RawSocket for tokio::net::tcp::OwnedReadHalf {
     fn raw_fd(&self) -> RawFd {
         self.as_ref().as_raw_fd()
+    }
+}
+
+/// How many connections may poll at the same time. A poll holds a runtime
+/// worker thread; were every worker polling for its own quiet client, a
+/// request on any other connection would wait for a budget to run out.
+/// The server allows one fewer than its worker threads (at least one).
+#[derive(Debug)]
+pub struct SpinGate {
+    busy: AtomicUsize,
+    max: usize,
+}
+
+impl SpinGate {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(SpinGate {
+            busy: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// A place to poll in, if one is free.
+    fn enter(&self) -> Option<SpinTicket<'_>> {
+        self.busy
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                (b < self.max).then_some(b + 1)
+            })
+            .ok()
+            .map(|_| SpinTicket(self))
+    }
+}
+
+struct SpinTicket<'a>(&'a SpinGate);
+
+impl Drop for SpinTicket<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -59,12 +98,14 @@ pub struct Polled<R> {
     /// reads poll and are measured: the short waits between the pieces of
     /// a large write payload say nothing about the gap between requests.
     boundary: bool,
+    /// Shared by the server's connections: who may poll now.
+    gate: Arc<SpinGate>,
     /// Polls started (read by the tests).
     polls: u64,
 }
 
 impl<R> Polled<R> {
-    pub fn new(inner: R, budget: Duration) -> Self {
+    pub fn new(inner: R, budget: Duration, gate: Arc<SpinGate>) -> Self {
         Polled {
             inner,
             budget: budget.min(MAX_POLL),
@@ -72,6 +113,7 @@ impl<R> Polled<R> {
             gap: Duration::ZERO,
             waiting: None,
             boundary: true,
+            gate,
             polls: 0,
         }
     }
@@ -129,6 +171,18 @@ fn try_recv(fd: RawFd, buf: &mut ReadBuf<'_>) -> Option<io::Result<()>> {
     }
 }
 
+/// Receives until data comes or `deadline` passes (`None`).
+fn spin(fd: RawFd, buf: &mut ReadBuf<'_>, deadline: Instant) -> Option<io::Result<()>> {
+    while Instant::now() < deadline {
+        // Let a thread that is runnable on this CPU go first.
+        unsafe { libc::sched_yield() };
+        if let Some(r) = try_recv(fd, buf) {
+            return Some(r);
+        }
+    }
+    None
+}
+
 impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -148,16 +202,20 @@ impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
         let now = Instant::now();
         let (_, polled) = me.waiting.get_or_insert((now, false));
         if !*polled && me.gap * 2 <= me.budget {
+            // Whether or not a place is free, this wait polls no more: a
+            // wake-up means data (or a spurious one), not a new wait.
             *polled = true;
-            me.polls += 1;
-            let deadline = now + me.budget;
-            while Instant::now() < deadline {
-                // Let a thread that is runnable on this CPU go first.
-                unsafe { libc::sched_yield() };
-                if let Some(r) = try_recv(fd, buf) {
-                    me.arrived();
-                    return Poll::Ready(r);
+            let gate = me.gate.clone();
+            let got = match gate.enter() {
+                Some(_ticket) => {
+                    me.polls += 1;
+                    spin(fd, buf, now + me.budget)
                 }
+                None => None,
+            };
+            if let Some(r) = got {
+                me.arrived();
+                return Poll::Ready(r);
             }
         }
         let r = Pin::new(&mut me.inner).poll_read(cx, buf);
@@ -207,7 +265,7 @@ mod tests {
     #[test]
     fn polling_finds_data_sent_within_the_budget_and_gives_up_after_it() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mut p = Polled::new(Never(a), Duration::from_millis(500));
+        let mut p = Polled::new(Never(a), Duration::from_millis(500), SpinGate::new(1));
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(5));
             b.write_all(b"hello").unwrap();
@@ -247,7 +305,7 @@ mod tests {
     #[test]
     fn long_gaps_turn_polling_off_short_ones_back_on() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mut p = Polled::new(Never(a), Duration::from_millis(2));
+        let mut p = Polled::new(Never(a), Duration::from_millis(2), SpinGate::new(1));
         let mut buf = [0u8; 16];
         p.gap = Duration::from_secs(1);
         assert!(poll_once(&mut p, &mut buf).is_pending());
@@ -273,7 +331,7 @@ mod tests {
     async fn polled_reads_see_data_sent_during_and_after_the_budget() {
         let (a, b) = tokio::net::UnixStream::pair().unwrap();
         let (r, _w) = a.into_split();
-        let mut r = Polled::new(r, Duration::from_millis(2));
+        let mut r = Polled::new(r, Duration::from_millis(2), SpinGate::new(1));
         let (_br, mut bw) = b.into_split();
         let t = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(200)).await;
@@ -291,11 +349,44 @@ mod tests {
         t.await.unwrap();
     }
 
+    /// With every place taken, a reader does not poll; once one is free,
+    /// the next wait polls again.
+    #[test]
+    fn a_full_gate_stops_polling() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let gate = SpinGate::new(1);
+        let mut p = Polled::new(Never(a), Duration::from_millis(200), gate.clone());
+        let mut buf = [0u8; 16];
+        let held = gate.enter().expect("a free place");
+        assert!(gate.enter().is_none(), "two places in a gate of one");
+        let t0 = Instant::now();
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert!(
+            t0.elapsed() < Duration::from_millis(200),
+            "polled through a full gate"
+        );
+        assert_eq!(p.polls, 0);
+        drop(held);
+        b.write_all(b"z").unwrap();
+        p.at_boundary(true);
+        assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
+        // the place is given back after each poll
+        p.at_boundary(true);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            b.write_all(b"w").unwrap();
+            b
+        });
+        assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
+        assert_eq!(p.polls, 1);
+        assert!(gate.enter().is_some(), "the place was not given back");
+    }
+
     #[test]
     fn budget_is_capped() {
         let (a, _b) = UnixStream::pair().unwrap();
         assert_eq!(
-            Polled::new(Never(a), Duration::from_secs(5)).budget,
+            Polled::new(Never(a), Duration::from_secs(5), SpinGate::new(1)).budget,
             MAX_POLL
         );
     }
