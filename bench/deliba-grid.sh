@@ -19,6 +19,12 @@
 #   IOLIFT=path/to/iolift (default: cargo build --release, $CARGO_TARGET_DIR or target/)
 #   PEERS="iolift iolift+cs qemu-nbd fio-rbd"  BS="4k 128k"  RWS="read write randread randwrite"  QDS="1 32"
 #   POLL_US=1000 (the iolift-poll peer's --poll-us)
+#   SEQW_REGION=8M    each sequential-write run writes its own region of this size (it wraps
+#                     inside it), the next run the next region: memstore OSDs get slower on
+#                     objects that have taken many small writes (4k QD1 write p50 1.1 ms ->
+#                     5 ms on the first object over a grid, 1.4 ms on a fresh one), so runs
+#                     that all start at offset 0 would measure the image's history, and the
+#                     peer that runs later in a rep would lose. 0: every run from offset 0.
 #   CEPH_DIR=dir for the cluster (default OUTDIR/ceph, on disk)
 #   RBD_CACHE=false   librbd's own cache for every peer (written to the cluster's [client]
 #                     conf; qemu-nbd gets --cache=none or --cache=writeback to match, since
@@ -33,6 +39,7 @@ RUNTIME=${RUNTIME:-3}
 RAMP=${RAMP:-1}
 IMAGE_SIZE=${IMAGE_SIZE:-512M}
 POLL_US=${POLL_US:-1000}
+SEQW_REGION=${SEQW_REGION:-8M}
 QDS=${QDS:-"1 32"}
 RBD_CACHE=${RBD_CACHE:-false}
 case "$RBD_CACHE" in true) QEMU_CACHE=writeback ;; false) QEMU_CACHE=none ;; *) echo "RBD_CACHE must be true or false" >&2; exit 2 ;; esac
@@ -144,13 +151,22 @@ say "peers: ${ACTIVE[*]}"
 RAW=$OUT/raw.csv
 echo "peer,bs,rw,iodepth,rep,iops,mbps,lat_p50_us,lat_p99_us,lat_mean_us" >"$RAW"
 
+IMAGE_BYTES=$(numfmt --from=iec "$IMAGE_SIZE")
+REGION_BYTES=$(numfmt --from=iec "$SEQW_REGION")
+REGIONS=$(( REGION_BYTES > 0 ? IMAGE_BYTES / REGION_BYTES : 0 ))
+SEQW_RUNS=0
 run_fio() { # peer bs rw iodepth rep
   local peer=$1 bs=$2 rw=$3 qd=$4 rep=$5 json=$LOG/$1.$2.$3.qd$4.r$5.json eng=()
+  local where=(--size="$IMAGE_SIZE")
   case "$peer" in
     fio-rbd) eng=(--ioengine=rbd --clientname=admin --pool=rbd --rbdname=img) ;;
     *) eng=(--ioengine=nbd "--uri=${URI[$peer]}") ;;
   esac
-  if ! fio --name=g "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --size="$IMAGE_SIZE" \
+  if [ "$rw" = write ] && [ "$REGIONS" -gt 0 ]; then
+    where=(--offset=$(( (SEQW_RUNS % REGIONS) * REGION_BYTES )) --size="$REGION_BYTES")
+    SEQW_RUNS=$((SEQW_RUNS + 1))
+  fi
+  if ! fio --name=g "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" "${where[@]}" \
       --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --lat_percentiles=1 \
       --percentile_list=50:99 --randrepeat=0 --output-format=json --output="$json" \
       >"$LOG/fio.err" 2>&1; then

@@ -26,6 +26,7 @@ use super::wire::{self, Action, Fatal, Opt, Session};
 use super::Server;
 use crate::block::{poll_once, Completion, Errno, Reply, Request};
 use bytes::{Bytes, BytesMut};
+use std::io::IoSlice;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch, Mutex, OwnedSemaphorePermit, Semaphore};
@@ -286,22 +287,62 @@ struct Done {
 /// of its own (librbd) then sends the reply from there, with no hop
 /// through the runtime.
 pub trait ReplyWriter: AsyncWrite + Unpin + Send + 'static {
-    /// Writes what the socket takes now; `WouldBlock` if nothing.
-    fn try_write_now(&self, _buf: &[u8]) -> std::io::Result<usize> {
+    /// Writes what the socket takes now of `bufs`, in order, in one system
+    /// call; `WouldBlock` if nothing.
+    fn try_write_now(&self, _bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
         Err(std::io::ErrorKind::WouldBlock.into())
     }
 }
 
 impl ReplyWriter for tokio::net::unix::OwnedWriteHalf {
-    fn try_write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
-        self.try_write(buf)
+    fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        self.try_write_vectored(bufs)
     }
 }
 
 impl ReplyWriter for tokio::net::tcp::OwnedWriteHalf {
-    fn try_write_now(&self, buf: &[u8]) -> std::io::Result<usize> {
-        self.try_write(buf)
+    fn try_write_now(&self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        self.try_write_vectored(bufs)
     }
+}
+
+/// The unwritten rest of a reply: `a` (headers, small data), then `b`
+/// (large read data, written from its own buffer). Both go out in one
+/// system call where the socket takes them: a header written alone would
+/// wake the client, which would then wait again for the data.
+struct Pair<'x> {
+    a: &'x [u8],
+    b: &'x [u8],
+}
+
+impl<'x> Pair<'x> {
+    fn is_empty(&self) -> bool {
+        self.a.is_empty() && self.b.is_empty()
+    }
+
+    fn slices(&self) -> [IoSlice<'x>; 2] {
+        [IoSlice::new(self.a), IoSlice::new(self.b)]
+    }
+
+    /// Drops the first `n` bytes, which were written.
+    fn advance(&mut self, n: usize) {
+        let k = n.min(self.a.len());
+        self.a = &self.a[k..];
+        self.b = &self.b[(n - k).min(self.b.len())..];
+    }
+}
+
+/// Writes `a` then `b` (vectored, so usually in one system call).
+async fn write_pair<W: AsyncWrite + Unpin>(w: &mut W, a: &[u8], b: &[u8]) -> std::io::Result<()> {
+    let mut p = Pair { a, b };
+    while !p.is_empty() {
+        let n = w.write_vectored(&p.slices()).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        p.advance(n);
+    }
+    Ok(())
 }
 
 async fn transmission<R, W>(
@@ -536,10 +577,7 @@ impl<W: AsyncWrite + Unpin> Out<W> {
     /// Writes `a` then `b` and flushes; on failure marks the connection
     /// failed. False if the connection can no longer be written.
     async fn send(&mut self, a: &[u8], b: &[u8], peer: &str) -> bool {
-        let mut r = self.w.write_all(a).await;
-        if r.is_ok() {
-            r = self.w.write_all(b).await;
-        }
+        let mut r = write_pair(&mut self.w, a, b).await;
         if r.is_ok() {
             r = self.w.flush().await;
         }
@@ -581,25 +619,25 @@ fn reply_now<W: ReplyWriter>(
         return;
     }
     let mut buf = BytesMut::with_capacity(64 + (d.len as usize).min(COPY_LIMIT));
-    let mut big = encode(&mut buf, d, structured).unwrap_or_default();
-    loop {
-        let part = if !buf.is_empty() { &buf[..] } else { &big[..] };
-        if part.is_empty() {
-            return;
-        }
-        match g.w.try_write_now(part) {
+    let big = encode(&mut buf, d, structured).unwrap_or_default();
+    let mut p = Pair { a: &buf, b: &big };
+    while !p.is_empty() {
+        match g.w.try_write_now(&p.slices()) {
             Ok(0) => break,
-            Ok(n) if !buf.is_empty() => {
-                let _ = buf.split_to(n);
-            }
-            Ok(n) => {
-                let _ = big.split_to(n);
-            }
+            Ok(n) => p.advance(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) => return g.fail(&e, &peer),
         }
     }
-    rt.spawn(async move { g.send(&buf, &big, &peer).await });
+    if p.is_empty() {
+        return;
+    }
+    // The socket is full: a task finishes the rest, holding the lock.
+    let (a, b) = (
+        Bytes::copy_from_slice(p.a),
+        big.slice(big.len() - p.b.len()..),
+    );
+    rt.spawn(async move { g.send(&a, &b, &peer).await });
 }
 
 /// Encodes one reply into `out`; returns large read data to be written
@@ -684,5 +722,81 @@ async fn writer<W: AsyncWrite + Unpin>(
             ok = out_write(&out, &mut buf, None, &peer).await;
         }
         buf.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pair_advances_across_both_parts() {
+        let (a, b) = (b"hdr".as_slice(), b"payload".as_slice());
+        let mut p = Pair { a, b };
+        p.advance(0);
+        assert_eq!((p.a, p.b), (a, b));
+        p.advance(2);
+        assert_eq!((p.a, p.b), (&b"r"[..], b));
+        p.advance(4);
+        assert_eq!((p.a, p.b), (&b""[..], &b"load"[..]));
+        assert!(!p.is_empty());
+        p.advance(4);
+        assert!(p.is_empty());
+        let mut q = Pair { a: b"", b };
+        q.advance(7);
+        assert!(q.is_empty());
+    }
+
+    /// A writer that takes at most 5 bytes per call, vectored or not: the
+    /// pair still arrives whole and in order.
+    #[tokio::test]
+    async fn write_pair_survives_short_writes() {
+        struct Short(Vec<u8>);
+        impl AsyncWrite for Short {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                _cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                let n = buf.len().min(5);
+                self.0.extend_from_slice(&buf[..n]);
+                std::task::Poll::Ready(Ok(n))
+            }
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                _cx: &mut std::task::Context<'_>,
+                bufs: &[IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                let mut n = 0;
+                for b in bufs {
+                    let k = b.len().min(5 - n);
+                    self.0.extend_from_slice(&b[..k]);
+                    n += k;
+                }
+                std::task::Poll::Ready(Ok(n))
+            }
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                _cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                _cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let mut w = Short(Vec::new());
+        write_pair(&mut w, b"abc", b"defghijklm").await.unwrap();
+        assert_eq!(w.0, b"abcdefghijklm");
+        let mut w = Short(Vec::new());
+        write_pair(&mut w, b"", b"xyz").await.unwrap();
+        write_pair(&mut w, b"12", b"").await.unwrap();
+        assert_eq!(w.0, b"xyz12");
     }
 }

@@ -1,4 +1,5 @@
-//! Poll mode for a connection's read side (`serve --poll-us N`).
+//! Poll mode for a connection's read side (`serve --poll-us N`, 100 us by
+//! default, 0 turns it off).
 //!
 //! Normally a connection's reader sleeps in epoll when the socket is empty
 //! and the kernel wakes it when the client sends: one scheduler wake-up per
@@ -10,6 +11,11 @@
 //! refreshed by the epoll driver, so `try_read` would not see new data);
 //! when the budget runs out the read falls back to the runtime's normal
 //! path, which clears a stale readiness flag on its own.
+//!
+//! It only polls where that pays (see [`Polled`] and [`SpinGate`]): at a
+//! request boundary, while recent waits fit half the budget, while the
+//! connection does not see bursts of requests, and while a runtime worker
+//! is left for the other connections.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
