@@ -71,7 +71,8 @@ STATE=$DIR/ceph-local.state      # marks a DIR made by this script
 # A ceph CLI call that cannot hang: $1 = seconds.
 cli() { local t=$1; shift; timeout -k 3 "$t" ceph -c "$CONF" --connect-timeout "$t" "$@"; }
 
-port_free() { ! ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+# Free: no TCP socket of any state on the port (a listener, a connection, TIME_WAIT).
+port_free() { ! ss -Htan "sport = :$1" 2>/dev/null | grep -q .; }
 pick_port() { # $1 = first candidate, $2 = port to avoid
   local p
   for ((p = $1; p < $1 + 500; p++)); do
@@ -245,8 +246,14 @@ cmd_start() {
   fi
   DEADLINE=$(( $(date +%s) + TOTAL ))
   FSID=$(cat /proc/sys/kernel/random/uuid)
+  # Clusters started at the same time (the tests run in parallel) must not pick the same
+  # mon ports: picking them and the mon's bind happen under one lock. Both ports come from
+  # below 6800, where OSDs and mgrs bind theirs (ms_bind_port_min..max), so a daemon of
+  # another cluster cannot take them between the pick and the bind either.
+  exec {PORT_LOCK}>/tmp/ceph-local.ports.lock
+  flock -w 300 "$PORT_LOCK" || err "another ceph-local.sh held the port lock for 300 s"
   PORT2=$(pick_port $(( 3300 + RANDOM % 200 ))) || err "no free port for the mon"
-  PORT1=$(pick_port $(( 6789 + RANDOM % 200 )) "$PORT2") || err "no free port for the mon"
+  PORT1=$(pick_port $(( 3500 + RANDOM % 200 )) "$PORT2") || err "no free port for the mon"
   mkdir -p "$DIR"/{run,log,mon,mgr,osd,crash,tmp}
   printf 'FSID=%s\nPORT2=%s\nPORT1=%s\nPOOL=%s\nIMAGE=%s\nAUTH=%s\nNOSD=%s\n' \
     "$FSID" "$PORT2" "$PORT1" "$POOL" "$IMAGE" "$AUTH" "$NOSD" >"$STATE"
@@ -264,6 +271,7 @@ cmd_start() {
     >"$DIR/log/mkfs.mon.out" 2>&1 || { cat "$DIR/log/mkfs.mon.out" >&2; err "ceph-mon --mkfs failed"; }
   start_daemon ceph-mon a
   until_ok "the monitor to answer" cli 10 mon stat
+  exec {PORT_LOCK}>&-
 
   if [ "$WITH_MGR" = 1 ]; then
     mkdir -p "$DIR/mgr/mgr.x"
