@@ -619,7 +619,7 @@ fn reply_now<W: ReplyWriter>(
         return;
     }
     let mut buf = BytesMut::with_capacity(64 + (d.len as usize).min(COPY_LIMIT));
-    let big = encode(&mut buf, d, structured).unwrap_or_default();
+    let mut big = encode(&mut buf, d, structured).unwrap_or_default();
     let mut p = Pair { a: &buf, b: &big };
     while !p.is_empty() {
         match g.w.try_write_now(&p.slices()) {
@@ -633,11 +633,10 @@ fn reply_now<W: ReplyWriter>(
         return;
     }
     // The socket is full: a task finishes the rest, holding the lock.
-    let (a, b) = (
-        Bytes::copy_from_slice(p.a),
-        big.slice(big.len() - p.b.len()..),
-    );
-    rt.spawn(async move { g.send(&a, &b, &peer).await });
+    let (a_left, b_left) = (p.a.len(), p.b.len());
+    let _ = buf.split_to(buf.len() - a_left);
+    let _ = big.split_to(big.len() - b_left);
+    rt.spawn(async move { g.send(&buf, &big, &peer).await });
 }
 
 /// Encodes one reply into `out`; returns large read data to be written

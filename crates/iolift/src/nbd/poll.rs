@@ -211,8 +211,7 @@ impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
             // Whether or not a place is free, this wait polls no more: a
             // wake-up means data (or a spurious one), not a new wait.
             *polled = true;
-            let gate = me.gate.clone();
-            let got = match gate.enter() {
+            let got = match me.gate.enter() {
                 Some(_ticket) => {
                     me.polls += 1;
                     spin(fd, buf, now + me.budget)
