@@ -58,10 +58,11 @@ impl MemoryDev {
     }
 
     fn read_at(&self, off: u64, len: u32) -> Bytes {
-        let mut buf = BytesMut::zeroed(len as usize);
+        let mut buf = BytesMut::with_capacity(len as usize);
         Self::pieces(off, len as u64, |page, at, r| {
-            if let Some(p) = self.shard(page).get(&page) {
-                buf[r.clone()].copy_from_slice(&p[at..at + r.len()]);
+            match self.shard(page).get(&page) {
+                Some(p) => buf.extend_from_slice(&p[at..at + r.len()]),
+                None => buf.resize(r.end, 0),
             }
         });
         buf.freeze()

@@ -22,6 +22,7 @@
 
 use super::poll::{Polled, RawSocket};
 use super::proto::*;
+use super::recv::{self, RecvBuf};
 use super::wire::{self, Action, Fatal, Opt, Session};
 use super::Server;
 use crate::block::{poll_once, Completion, Errno, Reply, Request};
@@ -39,8 +40,9 @@ const REQUEST_COST: u32 = 4096;
 const COPY_LIMIT: usize = 32 * 1024;
 /// Write the reply batch once it grows past this.
 const BATCH_LIMIT: usize = 256 * 1024;
-/// Reader buffer size.
-const READ_BUF: usize = 256 * 1024;
+/// Handshake reader buffer size (transmission reads through
+/// [`RecvBuf`]).
+const HANDSHAKE_BUF: usize = 16 * 1024;
 /// Poll mode: reads without polling after a burst of requests.
 const QUIET_READS: u32 = 256;
 
@@ -64,7 +66,7 @@ pub async fn serve<R, W>(
     W: ReplyWriter,
 {
     let rd = Polled::new(rd, server.cfg.poll, server.spin_gate.clone());
-    let mut rd = BufReader::with_capacity(READ_BUF, rd);
+    let mut rd = BufReader::with_capacity(HANDSHAKE_BUF, rd);
     let hs = handshake(&server, &mut rd, &mut wr);
     let neg = tokio::select! {
         r = tokio::time::timeout(server.cfg.handshake_timeout, hs) => match r {
@@ -348,7 +350,7 @@ async fn write_pair<W: AsyncWrite + Unpin>(w: &mut W, a: &[u8], b: &[u8]) -> std
 async fn transmission<R, W>(
     server: Arc<Server>,
     neg: Negotiated,
-    mut rd: BufReader<Polled<R>>,
+    rd: BufReader<Polled<R>>,
     wr: W,
     peer: String,
     mut shutdown: watch::Receiver<bool>,
@@ -356,6 +358,8 @@ async fn transmission<R, W>(
     R: AsyncRead + RawSocket + Unpin + Send + 'static,
     W: ReplyWriter,
 {
+    let pending = rd.buffer().to_vec();
+    let mut rd = RecvBuf::new(rd.into_inner(), &pending);
     let s = neg.session;
     let dev = neg.export.dev.clone();
     let (tx, rx) = mpsc::unbounded_channel::<Done>();
@@ -390,7 +394,7 @@ async fn transmission<R, W>(
     let mut quiet = 0u32;
     loop {
         // Only wait on shutdown when the next header is not buffered yet.
-        let r = if rd.buffer().len() >= REQUEST_LEN {
+        let r = if rd.buffered() >= REQUEST_LEN {
             rd.read_exact(&mut hb).await
         } else {
             if !local.is_empty() && !out_write(&out, &mut local, None, &peer).await {
@@ -412,7 +416,7 @@ async fn transmission<R, W>(
             }
         };
         if let Err(e) = r {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof && rd.buffer().is_empty() {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof && rd.buffered() == 0 {
                 tracing::info!(%peer, "client disconnected without NBD_CMD_DISC");
             } else {
                 tracing::info!(%peer, "connection read failed: {e}");
@@ -428,12 +432,14 @@ async fn transmission<R, W>(
             }
         };
         let action = wire::decode_request(&h, &s);
+        // A write's payload may keep the receive chunk it arrived in alive
+        // until the device drops it: charged too.
         let payload = match &action {
-            Action::Write { len, .. } => *len,
-            Action::Submit(Request::Read { len, .. }) => *len,
+            Action::Write { len, .. } => *len as usize + recv::CHUNK,
+            Action::Submit(Request::Read { len, .. }) => *len as usize,
             _ => 0,
         };
-        let cost = (REQUEST_COST as usize + payload as usize).min(cap) as u32;
+        let cost = (REQUEST_COST as usize + payload).min(cap) as u32;
         let permit = match sem.clone().try_acquire_many_owned(cost) {
             Ok(p) => p,
             Err(_) => tokio::select! {
@@ -459,14 +465,9 @@ async fn transmission<R, W>(
                 break;
             }
             Action::Reject { errno, skip } => {
-                if skip > 0 {
-                    let n =
-                        tokio::io::copy(&mut (&mut rd).take(skip as u64), &mut tokio::io::sink())
-                            .await;
-                    if !matches!(n, Ok(k) if k == skip as u64) {
-                        tracing::info!(%peer, "client left inside a rejected write payload");
-                        break;
-                    }
+                if skip > 0 && rd.skip(skip as u64).await.is_err() {
+                    tracing::info!(%peer, "client left inside a rejected write payload");
+                    break;
                 }
                 tracing::debug!(%peer, cmd = cmd_name(h.cmd), offset = h.offset, len = h.len, "rejected: {errno:?}");
                 done.result = Err(errno);
@@ -477,31 +478,19 @@ async fn transmission<R, W>(
                 // The payload is not all here yet: send the replies waiting
                 // in the batch before waiting for it, so that the client
                 // can go on (and need not wake us twice for one batch).
-                if rd.buffer().len() < len as usize
+                if rd.buffered() < len as usize
                     && !local.is_empty()
                     && !out_write(&out, &mut local, None, &peer).await
                 {
                     break;
                 }
-                let mut buf = BytesMut::with_capacity(len as usize);
-                let mut t = (&mut rd).take(len as u64);
-                let mut ok = true;
-                while buf.len() < len as usize {
-                    match t.read_buf(&mut buf).await {
-                        Ok(0) | Err(_) => {
-                            ok = false;
-                            break;
-                        }
-                        Ok(_) => {}
-                    }
-                }
-                if !ok {
+                let Ok(data) = rd.payload(len as usize).await else {
                     tracing::info!(%peer, "client left inside a write payload");
                     break;
-                }
+                };
                 Request::Write {
                     offset,
-                    data: buf.freeze(),
+                    data,
                     flags,
                 }
             }

@@ -10,6 +10,7 @@
 pub mod conn;
 pub mod poll;
 pub mod proto;
+pub mod recv;
 pub mod wire;
 
 #[cfg(test)]
