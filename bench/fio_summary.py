@@ -84,7 +84,7 @@ def main():
         if job not in jobs:
             jobs.append(job)
     order = ["randread_4k_qd1", "randwrite_4k_qd1", "randread_4k_qd32", "randwrite_4k_qd32",
-             "seqread_128k_qd8", "seqwrite_128k_qd8"]
+             "randread_4k_qd32x2", "randwrite_4k_qd32x2", "seqread_128k_qd8", "seqwrite_128k_qd8"]
     jobs.sort(key=lambda j: order.index(j) if j in order else 99)
 
     rows = []
@@ -146,6 +146,13 @@ def main():
         extra = "  [no poll %s]" % fmt(get(job, key, "nopoll_ratio"), 2) if has_alt else ""
         print("  %-40s ratio %-6s %-8s%s" % ("%s %s" % (job, label), fmt(r, 2),
                                              "MET" if ok else "not met", extra))
+    two = [(j, k) for j in ("randread_4k_qd32x2", "randwrite_4k_qd32x2")
+           for k in ("iops", "cpu_us_per_io") if get(j, k) is not None]
+    if two:
+        print("two fio processes, one connection each (not a target; the totals):")
+        for job, key in two:
+            print("  %-40s ratio %s" % ("%s %s" % (job, "IOPS" if key == "iops" else "CPU/IO"),
+                                        fmt(get(job, key), 2)))
     errs = sum(r["errors"] for rows_ in data.values() for r in rows_)
     if errs:
         print("WARNING: fio reported %d job errors" % errs)

@@ -9,7 +9,10 @@
 # Per repeat and server: start a fresh server on a unix socket with a 1 GiB
 # export, fill it with fio (so reads return real data), then run
 #   4k randread/randwrite at iodepth 1 (IOPS, p50/p99 completion latency),
-#   4k randread/randwrite at iodepth 32 (IOPS),
+#   4k randread/randwrite at iodepth 32 (IOPS), from one fio process and
+#     connection (the issue's target) and from two (`..._qd32x2`, the
+#     total of both: one fio process is the limit at QD32 on this
+#     machine, two show more of what the server costs),
 #   128k sequential read/write at iodepth 8 (MB/s),
 # each with fio ioengine=nbd, one connection, and record the server's CPU
 # time (utime+stime from /proc/PID/stat) over each job. The order of the two
@@ -75,12 +78,14 @@ stop_server() {
     SERVER_PID=
 }
 
-# name rw bs iodepth
+# name rw bs iodepth [numjobs: fio processes, one connection each]
 JOBS=(
     "randread_4k_qd1 randread 4k 1"
     "randwrite_4k_qd1 randwrite 4k 1"
     "randread_4k_qd32 randread 4k 32"
     "randwrite_4k_qd32 randwrite 4k 32"
+    "randread_4k_qd32x2 randread 4k 32 2"
+    "randwrite_4k_qd32x2 randwrite 4k 32 2"
     "seqread_128k_qd8 read 128k 8"
     "seqwrite_128k_qd8 write 128k 8"
 )
@@ -97,7 +102,7 @@ run_one() { # server rep
         local c0 c1
         c0=$(cpu_ticks "$SERVER_PID")
         fio --name="$1" --ioengine=nbd --uri="$uri" --rw="$2" --bs="$3" --iodepth="$4" \
-            --size="$SIZE" --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
+            --numjobs="${5:-1}" --group_reporting --size="$SIZE" --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
             --output-format=json >"$WORK/${srv}_${rep}_$1.json"
         c1=$(cpu_ticks "$SERVER_PID")
         echo $((c1 - c0)) >"$WORK/${srv}_${rep}_$1.cpu"
