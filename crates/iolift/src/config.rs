@@ -7,6 +7,7 @@
 //! max_request = "32M"              # largest read/write payload
 //! threads = 2                      # tokio worker threads
 //! poll_us = 100                    # poll mode budget, microseconds (0 = off)
+//! coalesce_us = 50                 # longest coalescing pause, microseconds (0 = off)
 //! default_export = "disk"          # the export answering to the empty name
 //! stages = ["cache:size=64M"]      # stacked on every export (first = top)
 //!
@@ -52,6 +53,7 @@ pub struct Config {
     pub max_request: Option<SizeValue>,
     pub threads: Option<usize>,
     pub poll_us: Option<u64>,
+    pub coalesce_us: Option<u64>,
     pub default_export: Option<String>,
     #[serde(default)]
     pub stages: Vec<String>,
@@ -101,6 +103,9 @@ impl Config {
         if let Some(n) = self.poll_us {
             validate_poll_us(n).context("poll_us")?;
         }
+        if let Some(n) = self.coalesce_us {
+            validate_coalesce_us(n).context("coalesce_us")?;
+        }
         for (i, s) in self.stages.iter().enumerate() {
             validate_stage_spec(s).with_context(|| format!("stages[{i}]"))?;
         }
@@ -131,6 +136,14 @@ impl Config {
 /// cheaper than spinning.
 pub fn validate_poll_us(n: u64) -> Result<u64> {
     let max = crate::nbd::poll::MAX_POLL.as_micros() as u64;
+    if n > max {
+        bail!("{n} us is more than the maximum of {max} us");
+    }
+    Ok(n)
+}
+
+pub fn validate_coalesce_us(n: u64) -> Result<u64> {
+    let max = crate::nbd::coalesce::MAX_PAUSE.as_micros() as u64;
     if n > max {
         bail!("{n} us is more than the maximum of {max} us");
     }

@@ -20,6 +20,7 @@
 //! In-flight memory is capped per connection by a semaphore counted in
 //! bytes, so a client that never reads its replies stops being read.
 
+use super::coalesce::Coalesce;
 use super::poll::{Polled, RawSocket};
 use super::proto::*;
 use super::recv::{self, RecvBuf};
@@ -392,18 +393,26 @@ async fn transmission<R, W>(
     // it stays off for the next QUIET_READS reads.
     let mut burst = 0u32;
     let mut quiet = 0u32;
+    let mut co = Coalesce::new(server.cfg.coalesce);
     loop {
         // Only wait on shutdown when the next header is not buffered yet.
         let r = if rd.buffered() >= REQUEST_LEN {
             rd.read_exact(&mut hb).await
         } else {
-            if !local.is_empty() && !out_write(&out, &mut local, None, &peer).await {
-                break;
+            let replied = !local.is_empty();
+            if replied {
+                if !out_write(&out, &mut local, None, &peer).await {
+                    break;
+                }
+                co.wrote();
             }
             if burst > 2 {
                 quiet = QUIET_READS;
             } else {
                 quiet = quiet.saturating_sub(1);
+            }
+            if replied && quiet > 0 {
+                co.pause(rd.get_mut().raw_fd(), &server.spin_gate);
             }
             rd.get_mut().at_boundary(quiet == 0);
             burst = 0;
@@ -471,18 +480,20 @@ async fn transmission<R, W>(
                 }
                 tracing::debug!(%peer, cmd = cmd_name(h.cmd), offset = h.offset, len = h.len, "rejected: {errno:?}");
                 done.result = Err(errno);
+                let at = local.len();
                 encode(&mut local, done, s.structured);
+                co.replied(local.len() - at);
                 continue;
             }
             Action::Write { offset, len, flags } => {
                 // The payload is not all here yet: send the replies waiting
                 // in the batch before waiting for it, so that the client
                 // can go on (and need not wake us twice for one batch).
-                if rd.buffered() < len as usize
-                    && !local.is_empty()
-                    && !out_write(&out, &mut local, None, &peer).await
-                {
-                    break;
+                if rd.buffered() < len as usize && !local.is_empty() {
+                    if !out_write(&out, &mut local, None, &peer).await {
+                        break;
+                    }
+                    co.wrote();
                 }
                 let Ok(data) = rd.payload(len as usize).await else {
                     tracing::info!(%peer, "client left inside a write payload");
@@ -512,11 +523,14 @@ async fn transmission<R, W>(
         match poll_once(&mut fut) {
             Some(c) => {
                 done.result = c;
+                let at = local.len();
                 let big = encode(&mut local, done, s.structured);
-                if (big.is_some() || local.len() >= BATCH_LIMIT)
-                    && !out_write(&out, &mut local, big.as_deref(), &peer).await
-                {
-                    break;
+                co.replied(local.len() - at + big.as_ref().map_or(0, |b| b.len()));
+                if big.is_some() || local.len() >= BATCH_LIMIT {
+                    if !out_write(&out, &mut local, big.as_deref(), &peer).await {
+                        break;
+                    }
+                    co.wrote();
                 }
             }
             None => {
@@ -530,6 +544,9 @@ async fn transmission<R, W>(
     }
     if !local.is_empty() {
         out_write(&out, &mut local, None, &peer).await;
+    }
+    if co.pauses > 0 {
+        tracing::debug!(%peer, pauses = co.pauses, last_us = co.delay().as_micros() as u64, "coalescing");
     }
     drop(tx);
     // The writer ends once every in-flight request has been answered.

@@ -7,6 +7,7 @@
 //!
 //! See `docs/nbd.md`.
 
+pub mod coalesce;
 pub mod conn;
 pub mod poll;
 pub mod proto;
@@ -58,6 +59,9 @@ pub struct ServerCfg {
     /// Poll mode: how many connections may poll at once (see
     /// `poll::SpinGate`); `serve` allows one fewer than its worker threads.
     pub poll_spinners: usize,
+    /// Longest coalescing pause at deep queue depths (`nbd::coalesce`);
+    /// zero turns it off.
+    pub coalesce: Duration,
 }
 
 impl Default for ServerCfg {
@@ -68,6 +72,7 @@ impl Default for ServerCfg {
             handshake_timeout: Duration::from_secs(30),
             poll: Duration::ZERO,
             poll_spinners: 1,
+            coalesce: Duration::ZERO,
         }
     }
 }

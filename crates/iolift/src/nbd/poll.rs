@@ -62,7 +62,7 @@ impl SpinGate {
     }
 
     /// A place to poll in, if one is free.
-    fn enter(&self) -> Option<SpinTicket<'_>> {
+    pub(crate) fn enter(&self) -> Option<SpinTicket<'_>> {
         self.busy
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
                 (b < self.max).then_some(b + 1)
@@ -72,7 +72,7 @@ impl SpinGate {
     }
 }
 
-struct SpinTicket<'a>(&'a SpinGate);
+pub(crate) struct SpinTicket<'a>(&'a SpinGate);
 
 impl Drop for SpinTicket<'_> {
     fn drop(&mut self) {
@@ -140,6 +140,13 @@ impl<R> Polled<R> {
     /// coming (each read finds a batch): then the reader seldom sleeps
     /// anyway, and a polling core only takes CPU and socket locks from the
     /// client.
+    pub fn raw_fd(&self) -> RawFd
+    where
+        R: RawSocket,
+    {
+        self.inner.raw_fd()
+    }
+
     pub fn at_boundary(&mut self, spin: bool) {
         self.spin = spin;
         self.boundary = true;
