@@ -132,22 +132,24 @@ impl Config {
     }
 }
 
-/// The poll-mode budget: 0 (off) up to 10 ms; past that sleeping is
-/// cheaper than spinning.
-pub fn validate_poll_us(n: u64) -> Result<u64> {
-    let max = crate::nbd::poll::MAX_POLL.as_micros() as u64;
+/// A duration in microseconds, 0 (off) up to `max`.
+fn validate_us(n: u64, max: std::time::Duration) -> Result<u64> {
+    let max = max.as_micros() as u64;
     if n > max {
         bail!("{n} us is more than the maximum of {max} us");
     }
     Ok(n)
 }
 
+/// The poll-mode budget: 0 (off) up to 10 ms; past that sleeping is
+/// cheaper than spinning.
+pub fn validate_poll_us(n: u64) -> Result<u64> {
+    validate_us(n, crate::nbd::poll::MAX_POLL)
+}
+
+/// The longest coalescing pause: 0 (off) up to 1 ms.
 pub fn validate_coalesce_us(n: u64) -> Result<u64> {
-    let max = crate::nbd::coalesce::MAX_PAUSE.as_micros() as u64;
-    if n > max {
-        bail!("{n} us is more than the maximum of {max} us");
-    }
-    Ok(n)
+    validate_us(n, crate::nbd::coalesce::MAX_PAUSE)
 }
 
 /// max_request must fit the wire's 32-bit length and be at least 512.

@@ -400,11 +400,8 @@ async fn transmission<R, W>(
             rd.read_exact(&mut hb).await
         } else {
             let replied = !local.is_empty();
-            if replied {
-                if !out_write(&out, &mut local, None, &peer).await {
-                    break;
-                }
-                co.wrote();
+            if replied && !flush_local(&out, &mut local, None, &peer, &mut co).await {
+                break;
             }
             if burst > 2 {
                 quiet = QUIET_READS;
@@ -489,11 +486,11 @@ async fn transmission<R, W>(
                 // The payload is not all here yet: send the replies waiting
                 // in the batch before waiting for it, so that the client
                 // can go on (and need not wake us twice for one batch).
-                if rd.buffered() < len as usize && !local.is_empty() {
-                    if !out_write(&out, &mut local, None, &peer).await {
-                        break;
-                    }
-                    co.wrote();
+                if rd.buffered() < len as usize
+                    && !local.is_empty()
+                    && !flush_local(&out, &mut local, None, &peer, &mut co).await
+                {
+                    break;
                 }
                 let Ok(data) = rd.payload(len as usize).await else {
                     tracing::info!(%peer, "client left inside a write payload");
@@ -526,11 +523,10 @@ async fn transmission<R, W>(
                 let at = local.len();
                 let big = encode(&mut local, done, s.structured);
                 co.replied(local.len() - at + big.as_ref().map_or(0, |b| b.len()));
-                if big.is_some() || local.len() >= BATCH_LIMIT {
-                    if !out_write(&out, &mut local, big.as_deref(), &peer).await {
-                        break;
-                    }
-                    co.wrote();
+                if (big.is_some() || local.len() >= BATCH_LIMIT)
+                    && !flush_local(&out, &mut local, big.as_deref(), &peer, &mut co).await
+                {
+                    break;
                 }
             }
             None => {
@@ -576,6 +572,22 @@ async fn out_write<W: AsyncWrite + Unpin>(
     let mut o = out.lock().await;
     let ok = !o.failed && o.send(buf, big.unwrap_or_default(), peer).await;
     buf.clear();
+    ok
+}
+
+/// The reader writes its batch of replies, then remembers the write for
+/// coalescing (which counts the replies the client has not read).
+async fn flush_local<W: AsyncWrite + Unpin>(
+    out: &Mutex<Out<W>>,
+    local: &mut BytesMut,
+    big: Option<&[u8]>,
+    peer: &str,
+    co: &mut Coalesce,
+) -> bool {
+    let ok = out_write(out, local, big, peer).await;
+    if ok {
+        co.wrote();
+    }
     ok
 }
 

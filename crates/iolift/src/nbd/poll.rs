@@ -135,11 +135,7 @@ impl<R> Polled<R> {
         self.boundary = false;
     }
 
-    /// The next read waits for a new request; `spin`: whether it may
-    /// poll. The connection says no while the client keeps many requests
-    /// coming (each read finds a batch): then the reader seldom sleeps
-    /// anyway, and a polling core only takes CPU and socket locks from the
-    /// client.
+    /// The socket's file descriptor.
     pub fn raw_fd(&self) -> RawFd
     where
         R: RawSocket,
@@ -147,6 +143,11 @@ impl<R> Polled<R> {
         self.inner.raw_fd()
     }
 
+    /// The next read waits for a new request; `spin`: whether it may
+    /// poll. The connection says no while the client keeps many requests
+    /// coming (each read finds a batch): then the reader seldom sleeps
+    /// anyway, and a polling core only takes CPU and socket locks from the
+    /// client.
     pub fn at_boundary(&mut self, spin: bool) {
         self.spin = spin;
         self.boundary = true;
