@@ -28,7 +28,7 @@ PACKAGES=(
     qemu-block-extra  # qemu-img/qemu-nbd rbd:pool/image driver
     e2fsprogs       # mkfs.ext4, e2fsck (tests/fuse_attach)
     fuse3           # fusermount3 for nbdfuse, the peer in bench/fuse.sh
-    g++             # iolift-offload: kernels/crush.cu built for the host (tests/host_kernel.rs)
+    g++             # iolift-offload: crates/iolift-offload/kernels/crush.cu built for the host (tests/host_kernel.rs)
 )
 # ---------------------------------------------------------------------------
 
@@ -58,7 +58,7 @@ fi
 
 # --- iolift-offload (issue 4): NVRTC without a GPU -------------------------
 # pip's NVRTC wheel (no driver, no GPU needed) lets the suite compile
-# kernels/*.cu to PTX (crates/iolift-offload/tests/nvrtc.rs).
+# crates/iolift-offload/kernels/*.cu to PTX (crates/iolift-offload/tests/nvrtc.rs).
 if ! python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null; then
     if [[ "${IOLIFT_NO_INSTALL:-}" == 1 ]]; then
         log "NVRTC wheel missing (IOLIFT_NO_INSTALL=1: not installing; the NVRTC test will fail)"

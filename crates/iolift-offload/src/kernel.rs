@@ -8,8 +8,8 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// `kernels/crush.cu`: CRUSH do_rule (throughput + latency kernels).
-pub const CRUSH_CU: &str = include_str!("../../../kernels/crush.cu");
+/// `crates/iolift-offload/kernels/crush.cu`: CRUSH do_rule (throughput + latency kernels).
+pub const CRUSH_CU: &str = include_str!("../kernels/crush.cu");
 
 /// Entry points in `CRUSH_CU`.
 pub const KERNEL_THREAD: &str = "crush_map_thread";

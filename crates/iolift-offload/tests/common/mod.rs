@@ -62,7 +62,7 @@ pub fn host_kernel() -> &'static HostKernel {
     K.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let so = dir.path().join("libcrush_host.so");
-        let src = repo_root().join("kernels/crush.cu");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/crush.cu");
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
         let out = Command::new(&cxx)
             .args([
