@@ -1,17 +1,42 @@
 //! The NBD front-end (protocol: NetworkBlockDevice/nbd doc/proto.md).
 //!
-//! - [`proto`], constants;
-//! - [`wire`], pure parsers and encoders (fuzzed by `nbd::fuzz` tests);
-//! - [`conn`], one connection (handshake, then reader and writer tasks);
+//! The parts:
+//! - [`proto`], constants; [`wire`], pure parsers and encoders (fuzzed by
+//!   the `nbd::tests::fuzz_*` tests);
+//! - [`conn`], one connection's lifecycle: the handshake, then
+//!   transmission;
+//! - `handshake`, option haggling and export selection;
+//! - `reader`, request intake: headers, in-flight cap, payloads,
+//!   submission, and the poll-mode and coalescing decisions;
+//! - `reply`, encoding and the three reply paths;
+//! - [`recv`], the receive buffer; [`poll`], poll mode; [`coalesce`],
+//!   pauses at deep queue depths;
 //! - this file: exports, listeners, accept loops and shutdown.
 //!
-//! See `docs/nbd.md`.
+//! A request's path: the socket is read in 64 KiB chunks into one
+//! `BytesMut` (`recv`); the reader copies out the 28-byte header, judges
+//! it (`wire::decode_request`), takes its share of the connection's
+//! in-flight cap and, for a write, splits the payload off the buffer
+//! without a copy, then submits it to the device. A request complete on
+//! the first poll of its future is answered by the reader itself, its
+//! reply batched and written before the reader next waits for the socket;
+//! one that waits gets a task, whose completion goes to the writer task
+//! over a channel; on a device with native callbacks (librbd) the reply is
+//! written from the device's completion thread. Headers and large read
+//! data go out together in one vectored write. When the reader runs out of
+//! input it polls the socket for a while before sleeping if the client
+//! sends one request at a time (`poll`), or pauses before reading again if
+//! the client keeps many requests coming and has many replies to read
+//! (`coalesce`). See `docs/nbd.md`.
 
 pub mod coalesce;
 pub mod conn;
+mod handshake;
 pub mod poll;
 pub mod proto;
+mod reader;
 pub mod recv;
+mod reply;
 pub mod wire;
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //!
 //! A payload shares its buffer: until the device drops it, it keeps up to
 //! [`CHUNK`] bytes more than its own alive. The connection charges each write one
-//! chunk more against its in-flight cap for that (see `conn.rs`).
+//! chunk more against its in-flight cap for that (see `reader.rs`).
 
 use bytes::{Buf, Bytes, BytesMut};
 use std::io;
