@@ -119,7 +119,8 @@ async fn write_pair<W: AsyncWrite + Unpin>(w: &mut W, a: &[u8], b: &[u8]) -> std
 }
 
 /// The socket's write half, shared by the reader (replies of requests that
-/// completed at once) and the writer task (the others).
+/// completed at once), the writer task and the completion callbacks (the
+/// others).
 pub(super) struct Out<W> {
     pub(super) w: W,
     /// A write failed: the client is gone, further replies are dropped.
