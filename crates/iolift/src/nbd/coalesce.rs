@@ -17,7 +17,7 @@
 //! plus some 600-1200 bytes of overhead per buffer (measured on this
 //! kernel: 16 bytes count as 768). The reader remembers its last writes
 //! (bytes, replies) and, newest first, counts the replies of those whose
-//! bytes plus a generous overhead ([`est_mem`]) fit in that figure. The
+//! bytes plus a generous overhead (`est_mem`) fit in that figure. The
 //! count errs low: the oldest, partly read write is left out.
 //!
 //! The pause tunes itself, in the spirit of DeLiBA's scheduler, which holds
@@ -32,6 +32,12 @@
 //! a poll does, so it takes a place in the [`SpinGate`] and is skipped when
 //! none is free. On TCP `SIOCOUTQ` counts bytes not yet acknowledged, which
 //! on loopback is nearly always zero: coalescing then stays off by itself.
+//!
+//! Used by the reader (`reader.rs`), one [`Coalesce`] per connection: it
+//! reports each reply it encodes ([`Coalesce::replied`]) and each batch it
+//! writes ([`Coalesce::wrote`]), and calls [`Coalesce::pause`] before it
+//! waits for the socket after a burst. Replies written by the writer task
+//! or from a device's threads are not counted.
 
 use super::poll::SpinGate;
 use std::collections::VecDeque;

@@ -16,6 +16,12 @@
 //! request boundary, while recent waits fit half the budget, while the
 //! connection does not see bursts of requests, and while a runtime worker
 //! is left for the other connections.
+//!
+//! Used by `conn.rs`, which wraps each connection's read half in a
+//! [`Polled`], and by the reader (`reader.rs`), which calls
+//! [`Polled::at_boundary`] before each wait for a new request. The
+//! [`SpinGate`] is the server's (`Server::spin_gate`), shared by every
+//! connection.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

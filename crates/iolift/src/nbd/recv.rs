@@ -11,8 +11,11 @@
 //! too (cut reads cost a wake-up more per request at 128 KiB).
 //!
 //! A payload shares its buffer: until the device drops it, it keeps up to
-//! [`CHUNK`] bytes more than its own alive. The connection charges each write one
-//! chunk more against its in-flight cap for that (see `reader.rs`).
+//! [`CHUNK`] bytes more than its own alive. The reader charges each write
+//! one chunk more against the connection's in-flight cap for that.
+//!
+//! Used by the reader (`reader.rs`), which owns one per connection, seeded
+//! with the bytes the handshake's `BufReader` had read past its end.
 
 use bytes::{Buf, Bytes, BytesMut};
 use std::io;

@@ -6,6 +6,9 @@
 //! - transmission: [`parse_request`] (28-byte header) and [`decode_request`]
 //!   (validation against the export and the session: what to do with it);
 //! - replies: `put_*` functions append to a `BytesMut`.
+//!
+//! Called by `handshake.rs` (options and their replies), `reader.rs`
+//! (request headers) and `reply.rs` (transmission replies).
 
 use super::proto::*;
 use crate::block::{Errno, Extent, Flags, Request};
