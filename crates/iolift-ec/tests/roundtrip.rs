@@ -1,0 +1,88 @@
+//! Property tests: decode(encode(x)) == x for random profiles, sizes and
+//! erasure patterns, on every engine.
+
+use iolift_ec::{stripe, Codec, Engine, Profile};
+use proptest::prelude::*;
+
+fn profile_text(tech: usize, k: usize, m: usize) -> String {
+    match tech {
+        0 => format!("plugin=jerasure,technique=reed_sol_van,k={k},m={m}"),
+        1 => format!("plugin=jerasure,technique=reed_sol_r6_op,k={k},m=2"),
+        2 => format!("plugin=jerasure,technique=cauchy_orig,k={k},m={m},packetsize=8"),
+        3 => format!("plugin=jerasure,technique=cauchy_good,k={k},m={m},packetsize=16"),
+        4 => format!("plugin=isa,technique=reed_sol_van,k={k},m={}", m.min(4)),
+        _ => format!("plugin=isa,technique=cauchy,k={k},m={m}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn decode_inverts_encode(
+        tech in 0usize..6,
+        k in 2usize..=16,
+        m in 1usize..=6,
+        mult in 1usize..=4,
+        extra in 0usize..5000,
+        seed in any::<u64>(),
+        erase_seed in any::<u64>(),
+        engine in 0usize..3,
+    ) {
+        let p = Profile::parse(&profile_text(tech, k, m)).unwrap();
+        let engine = [Engine::Auto, Engine::Native, Engine::Scalar][engine];
+        let codec = Codec::with_engine(&p, engine).unwrap();
+        let su = p.stripe_unit_multiple() * mult;
+        let len = extra + 1;
+        let mut x = seed | 1;
+        let input: Vec<u8> = (0..len).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x as u8 }).collect();
+        let shards = stripe::encode_object(&codec, su, &input).unwrap();
+        let n = p.chunk_count();
+        // Erase up to m shards picked by erase_seed.
+        let mut avail: Vec<Option<Vec<u8>>> = shards.iter().cloned().map(Some).collect();
+        let mut e = erase_seed;
+        let lost = (e % (p.m as u64 + 1)) as usize;
+        let mut erased = 0;
+        while erased < lost {
+            e = e.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let i = (e >> 33) as usize % n;
+            if avail[i].is_some() {
+                avail[i] = None;
+                erased += 1;
+            }
+        }
+        let out = stripe::decode_object(&codec, su, &avail).unwrap();
+        prop_assert_eq!(&out[..len], &input[..]);
+        prop_assert!(out[len..].iter().all(|&b| b == 0));
+        let mut chunks = avail;
+        codec.decode(&mut chunks).unwrap();
+        for i in 0..n {
+            prop_assert!(chunks[i].as_ref() == Some(&shards[i]));
+        }
+    }
+}
+
+#[test]
+fn too_many_erasures_and_mismatched_sizes_are_errors() {
+    let p = Profile::parse("plugin=isa,k=4,m=2").unwrap();
+    let codec = Codec::new(&p).unwrap();
+    let shards = stripe::encode_object(&codec, 64, &[7u8; 1000]).unwrap();
+    let mut avail: Vec<Option<Vec<u8>>> = shards.iter().cloned().map(Some).collect();
+    avail[0] = None;
+    avail[1] = None;
+    avail[5] = None;
+    let e = stripe::decode_object(&codec, 64, &avail)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at least k=4"), "{e}");
+    let mut avail: Vec<Option<Vec<u8>>> = shards.iter().cloned().map(Some).collect();
+    avail[3].as_mut().unwrap().push(0);
+    let e = stripe::decode_object(&codec, 64, &avail)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shard 3") && e.contains("differ in size"), "{e}");
+    let e = stripe::encode_object(&codec, 48, &[1u8; 10])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stripe_unit=48"), "{e}");
+}
