@@ -22,7 +22,7 @@ def load(d, clk):
     """{(server, job): [ {iops, p50_us, p99_us, mbs, cpu_us_per_io} per rep ]}"""
     out = {}
     for f in sorted(glob.glob(os.path.join(d, "*.json"))):
-        m = re.match(r"(iolift|nbdkit|nopoll)_(\d+)_(.+)\.json$", os.path.basename(f))
+        m = re.match(r"(iolift|nbdkit|alt)_(\d+)_(.+)\.json$", os.path.basename(f))
         if not m:
             continue
         srv, _rep, job = m.groups()
@@ -75,6 +75,8 @@ def main():
     p.add_argument("--clk-tck", type=float, default=100.0)
     p.add_argument("--repeats", type=int, default=0)
     p.add_argument("--json", help="also write the medians here")
+    p.add_argument("--alt-label", default="iolift --poll-us 0",
+                   help="what the third server (files alt_*) is, for the header")
     a = p.parse_args()
     data = load(a.dir, a.clk_tck)
     if not data:
@@ -89,7 +91,7 @@ def main():
 
     rows = []
     summary = {}
-    has_alt = any(k[0] == "nopoll" for k in data)
+    has_alt = any(k[0] == "alt" for k in data)
     for job in jobs:
         metrics = [("IOPS", "iops", True), ("CPU us/IO", "cpu_us_per_io", False)]
         if job.endswith("qd32"):
@@ -101,27 +103,29 @@ def main():
         for label, key, _higher_better in metrics:
             mi = med(data.get(("iolift", job), []), key)
             mk = med(data.get(("nbdkit", job), []), key)
-            mp = med(data.get(("nopoll", job), []), key)
+            mp = med(data.get(("alt", job), []), key)
             ratio = (mi / mk) if (mi is not None and mk) else None
             pratio = (mp / mk) if (mp is not None and mk) else None
+            nratio = (mi / mp) if (mi is not None and mp) else None
             n = min(len(data.get(("iolift", job), [])), len(data.get(("nbdkit", job), [])))
             row = (job, label, fmt(mi), fmt(mk), fmt(ratio, 2), str(n),
                    spread(data.get(("iolift", job), []), key),
                    spread(data.get(("nbdkit", job), []), key))
             if has_alt:
-                row += (fmt(mp), fmt(pratio, 2))
+                row += (fmt(mp), fmt(pratio, 2), fmt(nratio, 2))
             rows.append(row)
             summary.setdefault(job, {})[key] = {"iolift": mi, "nbdkit": mk, "ratio": ratio,
-                                                "nopoll": mp, "nopoll_ratio": pratio}
+                                                "alt": mp, "alt_ratio": pratio,
+                                                "iolift_over_alt": nratio}
 
     hdr = ("job", "metric", "iolift", "nbdkit", "ratio", "runs", "iolift min-max",
            "nbdkit min-max")
     if has_alt:
-        hdr += ("nopoll", "nopoll/nbdkit")
+        hdr += ("alt", "alt/nbdkit", "iolift/alt")
     w = [max(len(r[i]) for r in rows + [hdr]) for i in range(len(hdr))]
     line = "  ".join(h.ljust(w[i]) if i < 2 else h.rjust(w[i]) for i, h in enumerate(hdr))
     print("medians over repeats (ratio = iolift / nbdkit; min-max = spread over repeats%s)"
-          % ("; nopoll = iolift --poll-us 0" if has_alt else ""))
+          % ("; alt = " + a.alt_label if has_alt else ""))
     print(line)
     print("-" * len(line))
     for r in rows:
@@ -139,11 +143,11 @@ def main():
     targets += [(j, "cpu_us_per_io", "CPU/IO <= 0.7x nbdkit", lambda r: r <= 0.7)
                 for j in ("randread_4k_qd32", "randwrite_4k_qd32")]
     print()
-    print("targets (default iolift, poll mode on%s):" % ("; iolift --poll-us 0 in brackets" if has_alt else ""))
+    print("targets (default iolift, poll mode on%s):" % ("; alt in brackets" if has_alt else ""))
     for job, key, label, good in targets:
         r = get(job, key)
         ok = r is not None and good(r)
-        extra = "  [no poll %s]" % fmt(get(job, key, "nopoll_ratio"), 2) if has_alt else ""
+        extra = "  [alt %s]" % fmt(get(job, key, "alt_ratio"), 2) if has_alt else ""
         print("  %-40s ratio %-6s %-8s%s" % ("%s %s" % (job, label), fmt(r, 2),
                                              "MET" if ok else "not met", extra))
     two = [(j, k) for j in ("randread_4k_qd32x2", "randwrite_4k_qd32x2")

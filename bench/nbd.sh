@@ -20,9 +20,11 @@
 # hits both. Summary: bench/fio_summary.py.
 #
 # iolift runs with its defaults, poll mode included (--poll-us 100, see
-# docs/nbd.md). A third server, `iolift serve --poll-us 0` (no poll mode),
-# runs every job after each pair; its column shows what poll mode buys and
-# costs. NOPOLL=0 skips it. The summary also prints fio's own CPU use at
+# docs/nbd.md). A third server, `alt`, runs every job after each pair:
+# `iolift serve --poll-us 0` (no poll mode; its column shows what poll mode
+# buys and costs), or, with BASE=PATH, another iolift binary (e.g. a build
+# of an earlier commit) with its defaults, so a change is compared with the
+# code before it in the same run (column iolift/alt). ALT=0 skips it. The summary also prints fio's own CPU use at
 # QD32: near 100% of a core, the client is the limit and no server can
 # raise IOPS much.
 set -euo pipefail
@@ -60,7 +62,11 @@ start_server() { # $1 = iolift|nbdkit, $2 = socket
     rm -f "$2"
     case $1 in
         iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
-        nopoll) "$IOLIFT" serve --socket "$2" --threads "$THREADS" --poll-us 0 "memory:$SIZE" 2>"$WORK/$1.log" & ;;
+        alt) if [[ -n ${BASE:-} ]]; then
+                 "$BASE" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" &
+             else
+                 "$IOLIFT" serve --socket "$2" --threads "$THREADS" --poll-us 0 "memory:$SIZE" 2>"$WORK/$1.log" &
+             fi ;;
         nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
     esac
     SERVER_PID=$!
@@ -114,8 +120,10 @@ run_one() { # server rep
 echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for rep in $(seq 1 "$R"); do
     if (( rep % 2 )); then order="iolift nbdkit"; else order="nbdkit iolift"; fi
-    if [[ ${NOPOLL:-1} != 0 ]]; then order="$order nopoll"; fi
+    if [[ ${ALT:-${NOPOLL:-1}} != 0 ]]; then order="$order alt"; fi
     for srv in $order; do run_one "$srv" "$rep"; done
 done
 
-"$PY" bench/fio_summary.py "$WORK" --clk-tck "$(getconf CLK_TCK)" --repeats "$R"
+ALT_LABEL="iolift --poll-us 0"
+[[ -n ${BASE:-} ]] && ALT_LABEL="$BASE (defaults)"
+"$PY" bench/fio_summary.py "$WORK" --clk-tck "$(getconf CLK_TCK)" --repeats "$R" --alt-label "$ALT_LABEL"
