@@ -3,6 +3,7 @@
 //! practice within what was written.
 
 use super::BackendSpec;
+use crate::block::extents::ExtentList;
 use crate::block::{ready, BlockDev, DevInfo, DevRef, Extent, IoFuture, Reply, Request};
 use crate::util::parse_size;
 use anyhow::{Context, Result};
@@ -93,20 +94,11 @@ impl MemoryDev {
     }
 
     fn extents(&self, off: u64, len: u64) -> Vec<Extent> {
-        let mut out: Vec<Extent> = Vec::new();
+        let mut out = ExtentList::new();
         Self::pieces(off, len, |page, _, r| {
-            let hole = !self.shard(page).contains_key(&page);
-            let n = r.len() as u64;
-            match out.last_mut() {
-                Some(e) if e.hole == hole => e.len += n,
-                _ => out.push(Extent {
-                    len: n,
-                    hole,
-                    zero: hole,
-                }),
-            }
+            out.push(r.len() as u64, !self.shard(page).contains_key(&page));
         });
-        out
+        out.into_vec()
     }
 
     /// Bytes of memory held by pages.

@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 mod errno;
+pub mod extents;
 pub use errno::Errno;
 
 /// A boxed future completing one request.
