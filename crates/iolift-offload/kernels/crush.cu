@@ -2,14 +2,14 @@
 // (src/mapper.rs, itself bit-exact with Ceph's mapper.c).
 //
 // This file is compiled three ways:
-//   * by NVRTC at run time (Device::Cuda), kernels below are the entry points;
+//   * by NVRTC at run time (the CUDA device), kernels below are the entry points;
 //   * by NVRTC in CPU-only CI (crates/iolift-offload/tests/nvrtc.rs) to PTX,
 //     so a kernel that does not compile fails the suite;
 //   * by the host C++ compiler (g++) as a plain shared library with the shims
 //     below, so the very same device code runs on the CPU and is compared
 //     with the Rust mapper bit for bit (tests/host_kernel.rs).
 //
-// The map arrives as one flat u32 buffer (layout: crates/iolift-offload/src/flat.rs
+// The map arrives as one flat u32 buffer (layout: crates/iolift-offload/src/kernels/crush/flat.rs
 // and docs/offload.md), the straw2 numerators as a 65536-entry s64 table
 // (crush_ln(u) - 2^48 for every u), the device reweights as u32s.
 //

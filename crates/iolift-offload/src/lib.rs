@@ -1,18 +1,24 @@
-//! iolift offload engine: a device abstraction (CPU worker pool, CUDA GPU
-//! loaded at run time), an I/O pool that batches tasks onto processing
-//! elements and completes them through futures or callbacks, and CRUSH
-//! mapping on either device, bit-exact with `iolift-crush` (docs/offload.md).
+//! iolift offload engine: devices behind one trait (a CPU worker pool, a
+//! CUDA GPU loaded at run time), batchable kernels with a CPU side and a
+//! CUDA side, and an I/O pool that batches any kernel's tasks onto the
+//! device's processing elements and completes them through futures or
+//! callbacks. CRUSH placement is the first kernel, bit-exact with
+//! `iolift-crush` (docs/offload.md).
 
-pub mod bench;
-pub mod crushtest;
+mod compile;
+pub mod cpu;
 pub mod cuda;
 pub mod device;
 mod error;
-pub mod flat;
-pub mod kernel;
+pub mod kernels;
+pub mod nvrtc;
 pub mod pool;
-pub mod synth;
 
-pub use device::{Device, Inputs, MapHandle, Mapping};
+pub use compile::{cache_dir, cached_ptx, source_hash, CacheHit, KernelSource};
+pub use cpu::CpuDevice;
+pub use cuda::CudaDevice;
+pub use device::{Device, Launch};
 pub use error::{OffloadError, Result};
-pub use pool::{Completion, GroupCompletion, IoPool, PoolConfig};
+pub use kernels::crush::{CrushKernel, Inputs, MapHandle, Mapping};
+pub use kernels::Kernel;
+pub use pool::{Completion, GroupCompletion, IoPool, PoolConfig, PoolStats};

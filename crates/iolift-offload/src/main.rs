@@ -8,11 +8,11 @@
 //! iolift-offload pool   [--device cpu|gpu] [--osds N] [--pg-num N] [--size N] [--ec]
 //! ```
 
-use iolift_crush::placement::Pool;
-use iolift_offload::bench::*;
-use iolift_offload::kernel::{Nvrtc, CRUSH_CU};
-use iolift_offload::synth::{straw2_map, RULE_EC, RULE_REPLICATED};
-use iolift_offload::{Device, Inputs, MapHandle, OffloadError};
+use iolift_offload::kernels::crush::bench::{report, whole_pool, BenchOpts, PoolOpts};
+use iolift_offload::kernels::crush::check::check_maps;
+use iolift_offload::kernels::crush::synth::straw2_map;
+use iolift_offload::nvrtc::Nvrtc;
+use iolift_offload::{device, Device};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -74,10 +74,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn open(a: &Args) -> Result<Device, String> {
+fn open(a: &Args) -> Result<Arc<dyn Device>, String> {
     let spec = a.opt("--device").unwrap_or_else(|| "cpu".into());
-    Device::open(&spec, a.num("--pes", 0).map_err(|e| e.to_string())?)
-        .map_err(|e: OffloadError| e.to_string())
+    device::open(&spec, a.num("--pes", 0)?).map_err(|e| e.to_string())
 }
 
 fn info(a: &Args) -> Result<(), String> {
@@ -90,19 +89,22 @@ fn info(a: &Args) -> Result<(), String> {
 fn nvrtc(a: &Args) -> Result<(), String> {
     let arch = a.opt("--arch").unwrap_or_else(|| "compute_90".into());
     let n = Nvrtc::load().map_err(|e| e.to_string())?;
-    let t = Instant::now();
-    let (ptx, log) = n
-        .compile(CRUSH_CU, "crush.cu", &arch)
-        .map_err(|e| e.to_string())?;
-    println!(
-        "nvrtc {:?} at {}: crush.cu -> {} bytes of PTX for {arch} in {:.2?}",
-        n.version().unwrap_or((0, 0)),
-        n.path.display(),
-        ptx.len(),
-        t.elapsed()
-    );
-    if !log.trim().is_empty() {
-        println!("log:\n{log}");
+    for k in iolift_offload::kernels::ALL {
+        let t = Instant::now();
+        let (ptx, log) = n
+            .compile(k.source, k.file, &arch)
+            .map_err(|e| e.to_string())?;
+        println!(
+            "nvrtc {:?} at {}: {} -> {} bytes of PTX for {arch} in {:.2?}",
+            n.version().unwrap_or((0, 0)),
+            n.path.display(),
+            k.file,
+            ptx.len(),
+            t.elapsed()
+        );
+        if !log.trim().is_empty() {
+            println!("log:\n{log}");
+        }
     }
     Ok(())
 }
@@ -126,75 +128,15 @@ fn maps(a: &Args, default_osds: &str) -> Result<Vec<(String, iolift_crush::Crush
     Ok(v)
 }
 
-/// Device vs CPU mapper on every rule of every map: x = 0..1023 (the
-/// crushtool range) for sizes 1, 3 and 6, plus `--random N` random inputs
-/// per map, split evenly over its (rule, size) pairs.
 fn check(a: &Args) -> Result<(), String> {
     let dev = open(a)?;
-    let cpu = Device::cpu(0).map_err(|e| e.to_string())?;
     let nrand = a.num("--random", 1_000_000)?;
-    let mut bad = 0usize;
-    let mut total = 0usize;
-    let mut fallbacks = 0usize;
-    for (name, map) in maps(a, "1000,10000")? {
-        let weights = vec![0x10000u32; map.max_devices.max(0) as usize];
-        let h = MapHandle::new(map, Some(0)).map_err(|e| e.to_string())?;
-        let rules: Vec<i32> = (0..h.map.max_rules())
-            .filter(|&r| h.map.rule(r).is_some())
-            .collect();
-        let sizes = [1usize, 3, 6];
-        let per = nrand / (rules.len() * sizes.len()).max(1);
-        let mut map_n = 0usize;
-        let mut map_t = 0f64;
-        for &rule in &rules {
-            for size in sizes {
-                let seed = (rule as u64) << 8 | size as u64;
-                for xs in [(0..1024).collect::<Vec<i32>>(), random_inputs(per, seed)] {
-                    let t = Instant::now();
-                    let g = dev
-                        .map(&h, rule, Inputs::Xs(&xs), size, &weights)
-                        .map_err(|e| e.to_string())?;
-                    map_t += t.elapsed().as_secs_f64();
-                    map_n += xs.len();
-                    fallbacks += g.fallbacks;
-                    let c = cpu
-                        .map(&h, rule, Inputs::Xs(&xs), size, &weights)
-                        .map_err(|e| e.to_string())?;
-                    if let Some(i) = first_mismatch(&g, &c) {
-                        bad += 1;
-                        println!(
-                            "MISMATCH {name} rule {rule} size {size} x={}: device {:?} cpu {:?}",
-                            xs[i],
-                            g.row(i),
-                            c.row(i)
-                        );
-                    }
-                }
-            }
-        }
-        total += map_n;
-        println!(
-            "{name}: {} rules x sizes {sizes:?}, {map_n} inputs: {} ({:.3e} mappings/s on {})",
-            rules.len(),
-            if bad == 0 {
-                "identical so far"
-            } else {
-                "MISMATCHES"
-            },
-            map_n as f64 / map_t,
-            dev.name()
-        );
-    }
-    println!("{total} inputs compared, {fallbacks} mapped by the host fallback");
-    if bad > 0 {
-        return Err(format!("{bad} comparisons differ"));
-    }
-    println!("all comparisons identical");
-    Ok(())
+    check_maps(&*dev, maps(a, "1000,10000")?, nrand, &mut std::io::stdout())
+        .map_err(|e| e.to_string())
 }
 
 fn bench(a: &Args) -> Result<(), String> {
-    let dev = Arc::new(open(a)?);
+    let dev = open(a)?;
     let quick = a.flag("--quick");
     let o = BenchOpts {
         osds: a.num("--osds", 1000)?,
@@ -206,34 +148,11 @@ fn bench(a: &Args) -> Result<(), String> {
 
 fn pool(a: &Args) -> Result<(), String> {
     let dev = open(a)?;
-    let osds = a.num("--osds", 10_000)?;
-    let pg_num = a.num("--pg-num", 1 << 20)? as u32;
-    let size = a.num("--size", 3)?;
-    let rule = if a.flag("--ec") {
-        RULE_EC
-    } else {
-        RULE_REPLICATED
+    let o = PoolOpts {
+        osds: a.num("--osds", 10_000)?,
+        pg_num: a.num("--pg-num", 1 << 20)? as u32,
+        size: a.num("--size", 3)?,
+        ec: a.flag("--ec"),
     };
-    let map = straw2_map(osds, 10, 10);
-    let weights = vec![0x10000u32; osds];
-    let h = MapHandle::new(map, Some(1)).map_err(|e| e.to_string())?;
-    let p = Pool {
-        id: 1,
-        pg_num,
-        pgp_num: pg_num,
-        hashpspool: true,
-    };
-    let s = whole_pool_secs(&dev, &h, &p, rule, size, &weights, 3).map_err(|e| e.to_string())?;
-    println!(
-        "whole pool on {}: {pg_num} PGs x {size} ({}) on {osds} OSDs: {:.1} ms (median of 3), {:.3e} PGs/s",
-        dev.name(),
-        if rule == RULE_EC {
-            "EC indep"
-        } else {
-            "replicated firstn"
-        },
-        s * 1e3,
-        pg_num as f64 / s
-    );
-    Ok(())
+    whole_pool(&*dev, &o, &mut std::io::stdout()).map_err(|e| e.to_string())
 }

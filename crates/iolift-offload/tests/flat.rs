@@ -1,8 +1,8 @@
 //! The flat map layout kernels/crush.cu reads, and maps it refuses.
 
 use iolift_crush::map::{ChooseArg, ChooseArgMap, ALG_STRAW2};
-use iolift_offload::flat::{ln_table, FlatMap, BUCKET_WORDS, MAGIC, NO_OFF};
-use iolift_offload::synth::straw2_map;
+use iolift_offload::kernels::crush::flat::{ln_table, FlatMap, BUCKET_WORDS, MAGIC, NO_OFF};
+use iolift_offload::kernels::crush::synth::straw2_map;
 use iolift_offload::{MapHandle, OffloadError};
 
 #[test]

@@ -5,16 +5,17 @@
 
 mod common;
 use common::*;
-use iolift_offload::bench::{first_mismatch, random_inputs};
-use iolift_offload::synth::straw2_map;
-use iolift_offload::{Device, Inputs, IoPool, MapHandle, PoolConfig};
+use iolift_offload::kernels::crush::bench::{first_mismatch, random_inputs};
+use iolift_offload::kernels::crush::synth::straw2_map;
+use iolift_offload::kernels::crush::{self, CrushKernel};
+use iolift_offload::{device, Device, Inputs, IoPool, MapHandle, PoolConfig};
 use std::sync::Arc;
 
-fn gpu() -> Option<Device> {
+fn gpu() -> Option<Arc<dyn Device>> {
     let required = std::env::var("IOLIFT_GPU_TESTS")
         .map(|v| v == "1")
         .unwrap_or(false);
-    match Device::open("gpu", 4) {
+    match device::open("gpu", 4) {
         Ok(d) => Some(d),
         Err(e) if !required => {
             eprintln!("SKIPPED (no GPU; set IOLIFT_GPU_TESTS=1 to require one): {e}");
@@ -27,7 +28,7 @@ fn gpu() -> Option<Device> {
 #[test]
 fn gpu_matches_cpu_on_corpus() {
     let Some(g) = gpu() else { return };
-    let cpu = Device::cpu(0).unwrap();
+    let cpu = device::cpu(0).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let n: usize = std::env::var("IOLIFT_GPU_RANDOM")
         .ok()
@@ -59,8 +60,8 @@ fn gpu_matches_cpu_on_corpus() {
                         random_inputs(100, 1),
                     ] {
                         // 100 inputs: latency (warp) kernel; larger: throughput kernel
-                        let a = g.map(&h, rule, Inputs::Xs(&xs), rm, &w).unwrap();
-                        let b = cpu.map(&h, rule, Inputs::Xs(&xs), rm, &w).unwrap();
+                        let a = crush::map(&*g, &h, rule, Inputs::Xs(&xs), rm, &w).unwrap();
+                        let b = crush::map(&*cpu, &h, rule, Inputs::Xs(&xs), rm, &w).unwrap();
                         if let Some(i) = first_mismatch(&a, &b) {
                             panic!(
                                 "{name} rule {rule} size {rm} x {}: gpu {:?} cpu {:?}",
@@ -79,8 +80,7 @@ fn gpu_matches_cpu_on_corpus() {
 #[test]
 fn gpu_pool_and_whole_pool() {
     let Some(g) = gpu() else { return };
-    let g = Arc::new(g);
-    let cpu = Device::cpu(0).unwrap();
+    let cpu = device::cpu(0).unwrap();
     let h = MapHandle::new(straw2_map(10000, 10, 10), None).unwrap();
     let w = vec![0x10000u32; 10000];
     let p = iolift_crush::placement::Pool {
@@ -90,13 +90,18 @@ fn gpu_pool_and_whole_pool() {
         hashpspool: true,
     };
     for (rule, size) in [(0, 3usize), (1, 6)] {
-        let a = g.map_pool(&h, &p, rule, size, &w).unwrap();
-        let b = cpu.map_pool(&h, &p, rule, size, &w).unwrap();
+        let a = crush::map_pool(&*g, &h, &p, rule, size, &w).unwrap();
+        let b = crush::map_pool(&*cpu, &h, &p, rule, size, &w).unwrap();
         assert!(first_mismatch(&a, &b).is_none(), "whole pool rule {rule}");
     }
-    let pool = IoPool::new(g, h.clone(), 0, 3, w.clone(), PoolConfig::default()).unwrap();
+    let pool = IoPool::new(
+        g,
+        CrushKernel::new(h.clone(), 0, 3, w.clone()).unwrap(),
+        PoolConfig::default(),
+    )
+    .unwrap();
     let xs = random_inputs(10000, 3);
-    let b = cpu.map(&h, 0, Inputs::Xs(&xs), 3, &w).unwrap();
+    let b = crush::map(&*cpu, &h, 0, Inputs::Xs(&xs), 3, &w).unwrap();
     for (i, c) in pool.submit_batch(&xs).into_iter().enumerate() {
         assert_eq!(c.wait().unwrap(), b.row(i));
     }

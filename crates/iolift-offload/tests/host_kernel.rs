@@ -9,9 +9,9 @@ mod common;
 use common::*;
 use iolift_crush::placement::{pg_mask, pg_to_pps, Pool};
 use iolift_crush::{do_rule, Workspace};
-use iolift_offload::bench::random_inputs;
-use iolift_offload::flat::{FlatMap, LEN_FALLBACK};
-use iolift_offload::synth::straw2_map;
+use iolift_offload::kernels::crush::bench::random_inputs;
+use iolift_offload::kernels::crush::flat::{FlatMap, LEN_FALLBACK};
+use iolift_offload::kernels::crush::synth::straw2_map;
 
 fn inputs() -> Vec<i32> {
     let n: usize = std::env::var("IOLIFT_OFFLOAD_CHECK_N")

@@ -2,9 +2,11 @@
 //! nvidia-cuda-nvrtc-cu12 wheel needs no GPU or driver): a kernel that does
 //! not compile fails here. Also checks the PTX cache and the error path.
 
-use iolift_offload::kernel::{
-    cached_ptx, source_hash, CacheHit, Nvrtc, CRUSH_CU, KERNEL_THREAD, KERNEL_WARP,
-};
+use iolift_offload::kernels::crush::{KERNEL_THREAD, KERNEL_WARP, SOURCE};
+use iolift_offload::nvrtc::Nvrtc;
+use iolift_offload::{cached_ptx, source_hash, CacheHit};
+
+const CRUSH_CU: &str = SOURCE.source;
 
 fn nvrtc() -> Nvrtc {
     Nvrtc::load().unwrap_or_else(|e| {
@@ -38,6 +40,32 @@ fn crush_kernels_compile_to_ptx() {
             ptx.contains("shfl.sync"),
             "{arch}: no warp shuffle in the PTX"
         );
+    }
+}
+
+/// Every registered kernel (crush today, and each one added later)
+/// compiles without warnings and defines its entry points.
+#[test]
+fn every_registered_kernel_compiles_to_ptx() {
+    let n = nvrtc();
+    for k in iolift_offload::kernels::ALL {
+        for arch in ["compute_75", "compute_90"] {
+            let (ptx, log) = n
+                .compile(k.source, k.file, arch)
+                .unwrap_or_else(|e| panic!("kernels/{} does not compile for {arch}: {e}", k.file));
+            for e in k.entries {
+                assert!(
+                    ptx.contains(&format!(".entry {e}(")),
+                    "{} {arch}: PTX lacks entry {e}",
+                    k.file
+                );
+            }
+            assert!(
+                !log.contains("warning"),
+                "{} {arch}: NVRTC warnings:\n{log}",
+                k.file
+            );
+        }
     }
 }
 

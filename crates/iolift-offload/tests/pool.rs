@@ -5,16 +5,17 @@
 
 use iolift_crush::placement::{map_object, pg_to_pps, Pool};
 use iolift_crush::{do_rule, Workspace};
-use iolift_offload::bench::random_inputs;
-use iolift_offload::synth::straw2_map;
-use iolift_offload::{Device, Inputs, IoPool, MapHandle, OffloadError, PoolConfig};
+use iolift_offload::kernels::crush::bench::random_inputs;
+use iolift_offload::kernels::crush::synth::straw2_map;
+use iolift_offload::kernels::crush::{self, CrushKernel};
+use iolift_offload::{device, Device, Inputs, IoPool, MapHandle, OffloadError, PoolConfig};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-fn setup(osds: usize) -> (Arc<Device>, Arc<MapHandle>, Vec<u32>) {
-    let dev = Arc::new(Device::cpu(2).unwrap());
+fn setup(osds: usize) -> (Arc<dyn Device>, Arc<MapHandle>, Vec<u32>) {
+    let dev = device::cpu(2).unwrap();
     let h = MapHandle::new(straw2_map(osds, 8, 4), None).unwrap();
     (dev, h, vec![0x10000; osds])
 }
@@ -49,7 +50,12 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 #[test]
 fn completions_by_wait_future_and_callback() {
     let (dev, h, w) = setup(120);
-    let pool = IoPool::new(dev, h.clone(), 0, 3, w.clone(), PoolConfig::default()).unwrap();
+    let pool = IoPool::new(
+        dev,
+        CrushKernel::new(h.clone(), 0, 3, w.clone()).unwrap(),
+        PoolConfig::default(),
+    )
+    .unwrap();
     for x in [0, 1, 77, -5, i32::MAX] {
         assert_eq!(pool.submit(x).wait().unwrap(), expect(&h, 0, x, 3, &w));
         assert_eq!(block_on(pool.submit(x)).unwrap(), expect(&h, 0, x, 3, &w));
@@ -87,7 +93,12 @@ fn groups_complete_once_with_every_row_in_order() {
         max_wait: Duration::from_millis(200),
         pes: 2,
     };
-    let pool = IoPool::new(dev, h.clone(), 0, 3, w.clone(), cfg).unwrap();
+    let pool = IoPool::new(
+        dev,
+        CrushKernel::new(h.clone(), 0, 3, w.clone()).unwrap(),
+        cfg,
+    )
+    .unwrap();
     let xs = random_inputs(1000, 3);
     let g = pool.submit_group(xs.clone());
     let one = pool.submit(12345);
@@ -128,7 +139,12 @@ fn batching_by_size() {
         max_wait: Duration::from_secs(5),
         pes: 2,
     };
-    let pool = IoPool::new(dev, h.clone(), 1, 4, w.clone(), cfg).unwrap();
+    let pool = IoPool::new(
+        dev,
+        CrushKernel::new(h.clone(), 1, 4, w.clone()).unwrap(),
+        cfg,
+    )
+    .unwrap();
     let xs: Vec<i32> = (0..64).collect();
     let cs = pool.submit_batch(&xs);
     for (c, &x) in cs.into_iter().zip(&xs) {
@@ -148,7 +164,12 @@ fn batching_by_time() {
         max_wait: Duration::from_millis(200),
         pes: 1,
     };
-    let pool = IoPool::new(dev, h.clone(), 0, 3, w.clone(), cfg).unwrap();
+    let pool = IoPool::new(
+        dev,
+        CrushKernel::new(h.clone(), 0, 3, w.clone()).unwrap(),
+        cfg,
+    )
+    .unwrap();
     let t = std::time::Instant::now();
     let cs = pool.submit_batch(&[1, 2, 3, 4, 5]);
     for c in cs {
@@ -171,7 +192,14 @@ fn many_submitters_many_pes() {
         max_wait: Duration::from_micros(50),
         pes: 4,
     };
-    let pool = Arc::new(IoPool::new(dev, h.clone(), 0, 3, w.clone(), cfg).unwrap());
+    let pool = Arc::new(
+        IoPool::new(
+            dev,
+            CrushKernel::new(h.clone(), 0, 3, w.clone()).unwrap(),
+            cfg,
+        )
+        .unwrap(),
+    );
     let mut ths = Vec::new();
     for t in 0..4 {
         let (pool, h, w) = (pool.clone(), h.clone(), w.clone());
@@ -191,41 +219,39 @@ fn many_submitters_many_pes() {
 fn bad_arguments_are_errors() {
     let (dev, h, w) = setup(30);
     assert!(matches!(
-        IoPool::new(
-            dev.clone(),
-            h.clone(),
-            9,
-            3,
-            w.clone(),
-            PoolConfig::default()
-        ),
+        CrushKernel::new(h.clone(), 9, 3, w.clone()),
+        Err(OffloadError::Invalid(_))
+    ));
+    assert!(matches!(
+        CrushKernel::new(h.clone(), 0, 1 << 17, w.clone()),
         Err(OffloadError::Invalid(_))
     ));
     let cfg = PoolConfig {
         max_batch: 0,
         ..PoolConfig::default()
     };
-    assert!(IoPool::new(dev.clone(), h.clone(), 0, 3, w.clone(), cfg).is_err());
-    assert!(dev.map(&h, 5, Inputs::Xs(&[1]), 3, &w).is_err());
+    let k = CrushKernel::new(h.clone(), 0, 3, w.clone()).unwrap();
+    assert!(IoPool::new(dev.clone(), k, cfg).is_err());
+    assert!(crush::map(&*dev, &h, 5, Inputs::Xs(&[1]), 3, &w).is_err());
     let p = Pool {
         id: 1,
         pg_num: 0,
         pgp_num: 0,
         hashpspool: true,
     };
-    assert!(dev.map_pool(&h, &p, 0, 3, &w).is_err());
+    assert!(crush::map_pool(&*dev, &h, &p, 0, 3, &w).is_err());
     assert!(matches!(
-        Device::open("fpga", 1),
+        device::open("fpga", 1),
         Err(OffloadError::Invalid(_))
     ));
-    assert!(Device::open("cpu:x", 1).is_err());
+    assert!(device::open("cpu:x", 1).is_err());
 }
 
 /// Without a CUDA driver, asking for the GPU is an error naming the cause
 /// (never a panic). With one, it opens.
 #[test]
 fn gpu_request_without_gpu_is_a_clear_error() {
-    match Device::open("gpu", 2) {
+    match device::open("gpu", 2) {
         Ok(d) => {
             assert!(iolift_offload::cuda::driver_present());
             eprintln!("GPU present: {}", d.name());
@@ -243,7 +269,7 @@ fn gpu_request_without_gpu_is_a_clear_error() {
 /// iolift-crush (pg_to_pps + do_rule, and map_object for named objects).
 #[test]
 fn whole_pool_matches_per_pg_placement() {
-    let dev = Device::cpu(2).unwrap();
+    let dev = device::cpu(2).unwrap();
     let map = straw2_map(300, 6, 5);
     let w: Vec<u32> = (0..300)
         .map(|i| if i % 17 == 0 { 0 } else { 0x10000 })
@@ -281,7 +307,7 @@ fn whole_pool_matches_per_pg_placement() {
             6,
         ),
     ] {
-        let m = dev.map_pool(&h, &pool, rule, size, &w).unwrap();
+        let m = crush::map_pool(&*dev, &h, &pool, rule, size, &w).unwrap();
         assert_eq!(m.len(), pool.pg_num as usize);
         let mut ws = Workspace::new(&h.map, size);
         let mut row = vec![0; size];
@@ -313,8 +339,8 @@ fn whole_pool_matches_per_pg_placement() {
         pgp_num: 512,
         hashpspool: true,
     };
-    let a = dev.map_pool(&h, &pool, 0, 3, &w).unwrap();
-    let b = dev.map_on(0, &h, 0, Inputs::Pool(&pool), 3, &w).unwrap();
+    let a = crush::map_pool(&*dev, &h, &pool, 0, 3, &w).unwrap();
+    let b = crush::map_on(&*dev, 0, &h, 0, Inputs::Pool(&pool), 3, &w).unwrap();
     assert_eq!(a, b);
 }
 
@@ -323,7 +349,7 @@ fn whole_pool_matches_per_pg_placement() {
 #[test]
 fn verify_test_range_walks_the_tester_range() {
     use iolift_crush::tester::TestOptions;
-    let dev = Device::cpu(1).unwrap();
+    let dev = device::cpu(1).unwrap();
     let map = straw2_map(40, 4, 2);
     let o = TestOptions {
         min_x: 0,
@@ -335,7 +361,7 @@ fn verify_test_range_walks_the_tester_range() {
         ..Default::default()
     };
     assert_eq!(
-        iolift_offload::crushtest::verify_test_range(&dev, &map, &o).unwrap(),
+        iolift_offload::kernels::crush::check::verify_test_range(&*dev, &map, &o).unwrap(),
         300
     );
     // default x (0..1023) and rules (all), pool-id hashing of x
@@ -346,7 +372,7 @@ fn verify_test_range_walks_the_tester_range() {
         ..Default::default()
     };
     assert_eq!(
-        iolift_offload::crushtest::verify_test_range(&dev, &map, &o).unwrap(),
+        iolift_offload::kernels::crush::check::verify_test_range(&*dev, &map, &o).unwrap(),
         2 * 1024
     );
 }

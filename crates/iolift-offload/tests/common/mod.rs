@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use iolift_crush::CrushMap;
-use iolift_offload::flat::FlatMap;
+use iolift_offload::kernels::crush::flat::FlatMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;

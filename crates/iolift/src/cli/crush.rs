@@ -156,13 +156,13 @@ pub fn run(a: CrushArgs) -> Result<ExitCode> {
     match a.cmd {
         CrushCmd::Test(t) => test(t),
         CrushCmd::Bench(b) => {
-            let dev = std::sync::Arc::new(iolift_offload::Device::open(&b.device, b.pes)?);
-            let o = iolift_offload::bench::BenchOpts {
+            let dev = iolift_offload::device::open(&b.device, b.pes)?;
+            let o = iolift_offload::kernels::crush::bench::BenchOpts {
                 osds: b.osds,
                 max_batch: b.max_batch,
                 quick: b.quick,
             };
-            iolift_offload::bench::report(dev, &o, &mut std::io::stdout())?;
+            iolift_offload::kernels::crush::bench::report(dev, &o, &mut std::io::stdout())?;
             Ok(ExitCode::SUCCESS)
         }
         CrushCmd::Decompile(d) => {
@@ -277,8 +277,8 @@ fn test(t: TestArgs) -> Result<ExitCode> {
     o.show_utilization_all = t.show_utilization_all;
 
     if t.device != "cpu" {
-        let dev = iolift_offload::Device::open(&t.device, 0)?;
-        iolift_offload::crushtest::verify_test_range(&dev, &map, &o)?;
+        let dev = iolift_offload::device::open(&t.device, 0)?;
+        iolift_offload::kernels::crush::check::verify_test_range(&*dev, &map, &o)?;
     }
     let pool = {
         let mut b = rayon::ThreadPoolBuilder::new();

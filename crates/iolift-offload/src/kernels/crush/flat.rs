@@ -1,5 +1,5 @@
 //! A CRUSH map flattened into one `u32` buffer (plus the straw2 numerator
-//! table), the layout `kernels/crush.cu` reads. Built once per map and
+//! table), the layout `crates/iolift-offload/kernels/crush.cu` reads. Built once per map and
 //! uploaded once per device.
 //!
 //! ```text

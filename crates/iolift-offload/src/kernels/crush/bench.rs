@@ -1,11 +1,12 @@
-//! Measurements and checks shared by the `iolift-offload` CLI and
-//! scripts/gpu-check.sh: mappings/s, task round trip, tasks/s by batch
-//! size, whole-pool mapping time, and device == CPU mapper comparisons.
+//! CRUSH offload measurements for `iolift crush bench`, `iolift offload
+//! pool` and scripts/gpu-check.sh: mappings/s, task round trip, tasks/s by
+//! batch size, whole-pool mapping time.
 
-use crate::device::{Device, Inputs, MapHandle, Mapping};
+use super::synth::{straw2_map, RULE_EC, RULE_REPLICATED};
+use super::{map, map_pool, CrushKernel, Inputs, MapHandle, Mapping};
+use crate::device::Device;
 use crate::error::{OffloadError, Result};
 use crate::pool::{IoPool, PoolConfig};
-use crate::synth::{straw2_map, RULE_REPLICATED};
 use iolift_crush::placement::Pool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Median mappings/s of `reps` runs of `n` inputs (0..n) on the whole device.
 pub fn mappings_per_sec(
-    dev: &Device,
+    dev: &dyn Device,
     h: &MapHandle,
     rule: i32,
     n: usize,
@@ -26,11 +27,18 @@ pub fn mappings_per_sec(
     reps: usize,
 ) -> Result<f64> {
     let xs: Vec<i32> = (0..n as i32).collect();
-    dev.map(h, rule, Inputs::Xs(&xs[..n.min(1024)]), result_max, weights)?; // warm up, upload
+    map(
+        dev,
+        h,
+        rule,
+        Inputs::Xs(&xs[..n.min(1024)]),
+        result_max,
+        weights,
+    )?; // warm up, upload
     let mut rates = Vec::new();
     for _ in 0..reps.max(1) {
         let t = Instant::now();
-        dev.map(h, rule, Inputs::Xs(&xs), result_max, weights)?;
+        map(dev, h, rule, Inputs::Xs(&xs), result_max, weights)?;
         rates.push(n as f64 / t.elapsed().as_secs_f64());
     }
     Ok(median(&mut rates))
@@ -38,7 +46,7 @@ pub fn mappings_per_sec(
 
 /// Whole-pool time (median seconds) for `pg_num` PGs.
 pub fn whole_pool_secs(
-    dev: &Device,
+    dev: &dyn Device,
     h: &MapHandle,
     pool: &Pool,
     rule: i32,
@@ -46,18 +54,18 @@ pub fn whole_pool_secs(
     weights: &[u32],
     reps: usize,
 ) -> Result<f64> {
-    dev.map_pool(h, pool, rule, size, weights)?;
+    map_pool(dev, h, pool, rule, size, weights)?;
     let mut v = Vec::new();
     for _ in 0..reps.max(1) {
         let t = Instant::now();
-        dev.map_pool(h, pool, rule, size, weights)?;
+        map_pool(dev, h, pool, rule, size, weights)?;
         v.push(t.elapsed().as_secs_f64());
     }
     Ok(median(&mut v))
 }
 
 /// Single-task round trip through the pool: (p50, p99) in microseconds.
-pub fn round_trip_us(pool: &IoPool, iters: usize) -> Result<(f64, f64)> {
+pub fn round_trip_us(pool: &IoPool<CrushKernel>, iters: usize) -> Result<(f64, f64)> {
     for i in 0..100 {
         pool.submit(i).wait()?;
     }
@@ -90,7 +98,7 @@ fn tasks_rate(
 }
 
 /// Tasks/s when `batch` tasks are submitted at once and all awaited.
-pub fn tasks_per_sec(pool: &IoPool, batch: usize, min_time: Duration) -> Result<f64> {
+pub fn tasks_per_sec(pool: &IoPool<CrushKernel>, batch: usize, min_time: Duration) -> Result<f64> {
     tasks_rate(batch, min_time, |xs| {
         for c in pool.submit_batch(xs) {
             c.wait()?;
@@ -101,7 +109,11 @@ pub fn tasks_per_sec(pool: &IoPool, batch: usize, min_time: Duration) -> Result<
 
 /// Tasks/s when `batch` tasks are submitted as one group (`submit_group`:
 /// one completion, results in one buffer) and awaited.
-pub fn tasks_per_sec_grouped(pool: &IoPool, batch: usize, min_time: Duration) -> Result<f64> {
+pub fn tasks_per_sec_grouped(
+    pool: &IoPool<CrushKernel>,
+    batch: usize,
+    min_time: Duration,
+) -> Result<f64> {
     tasks_rate(batch, min_time, |xs| {
         let m = pool.submit_group(xs.to_vec()).wait()?;
         if m.len() != xs.len() {
@@ -117,20 +129,17 @@ pub fn tasks_per_sec_grouped(pool: &IoPool, batch: usize, min_time: Duration) ->
 
 /// A pool for round-trip / tasks/s measurements.
 pub fn bench_pool(
-    dev: Arc<Device>,
+    dev: Arc<dyn Device>,
     h: Arc<MapHandle>,
     rule: i32,
     result_max: usize,
     weights: Vec<u32>,
     max_batch: usize,
     max_wait: Duration,
-) -> Result<IoPool> {
+) -> Result<IoPool<CrushKernel>> {
     IoPool::new(
         dev,
-        h,
-        rule,
-        result_max,
-        weights,
+        CrushKernel::new(h, rule, result_max, weights)?,
         PoolConfig {
             max_batch,
             max_wait,
@@ -171,7 +180,7 @@ pub struct BenchOpts {
 
 /// The `crush bench` report: mappings/s on the whole device, single-task
 /// round trip through the I/O pool (p50/p99), tasks/s by batch size.
-pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> Result<()> {
+pub fn report(dev: Arc<dyn Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> Result<()> {
     let io = |e: std::io::Error| OffloadError::Invalid(format!("write: {e}"));
     let map = straw2_map(o.osds, 10, 10);
     let weights = vec![0x10000u32; o.osds];
@@ -183,6 +192,9 @@ pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> 
         dev.processing_elements()
     )
     .map_err(io)?;
+    if dev.is_gpu() {
+        writeln!(out, "crush thread kernel: {}", super::thread_kernel_name()).map_err(io)?;
+    }
     writeln!(
         out,
         "map: synthetic straw2, {} OSDs, 10 per host, 10 hosts per rack; rule 0 = 3-replica chooseleaf firstn host",
@@ -196,7 +208,7 @@ pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> 
     } else {
         1_000_000
     };
-    let r = mappings_per_sec(&dev, &h, RULE_REPLICATED, n, 3, &weights, 3)?;
+    let r = mappings_per_sec(&*dev, &h, RULE_REPLICATED, n, 3, &weights, 3)?;
     writeln!(
         out,
         "mappings/s (batch of {n}, whole device, median of 3): {r:.3e}"
@@ -241,4 +253,47 @@ pub fn report(dev: Arc<Device>, o: &BenchOpts, out: &mut dyn std::io::Write) -> 
     .map_err(io)?;
     pool.shutdown();
     Ok(())
+}
+
+/// What `whole_pool` maps.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolOpts {
+    /// OSDs of the synthetic straw2 map (10 per host, 10 hosts per rack).
+    pub osds: usize,
+    pub pg_num: u32,
+    /// Replicas (firstn) or shards (indep).
+    pub size: usize,
+    /// The EC rule (chooseleaf indep) instead of the replicated one.
+    pub ec: bool,
+}
+
+/// The `iolift offload pool` report: every PG of a pool (id 1, hashpspool)
+/// on the synthetic map, median of 3 runs.
+pub fn whole_pool(dev: &dyn Device, o: &PoolOpts, out: &mut dyn std::io::Write) -> Result<()> {
+    let rule = if o.ec { RULE_EC } else { RULE_REPLICATED };
+    let h = MapHandle::new(straw2_map(o.osds, 10, 10), Some(1))?;
+    let weights = vec![0x10000u32; o.osds];
+    let p = Pool {
+        id: 1,
+        pg_num: o.pg_num,
+        pgp_num: o.pg_num,
+        hashpspool: true,
+    };
+    let s = whole_pool_secs(dev, &h, &p, rule, o.size, &weights, 3)?;
+    writeln!(
+        out,
+        "whole pool on {}: {} PGs x {} ({}) on {} OSDs: {:.1} ms (median of 3), {:.3e} PGs/s",
+        dev.name(),
+        o.pg_num,
+        o.size,
+        if o.ec {
+            "EC indep"
+        } else {
+            "replicated firstn"
+        },
+        o.osds,
+        s * 1e3,
+        o.pg_num as f64 / s
+    )
+    .map_err(|e| OffloadError::Invalid(format!("write: {e}")))
 }

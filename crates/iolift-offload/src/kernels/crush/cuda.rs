@@ -1,15 +1,16 @@
-//! The CUDA device: cudarc with the driver loaded at run time (no link-time
-//! CUDA dependency), kernels compiled by NVRTC and cached, one stream per
-//! processing element, each map uploaded once and reused.
+//! CRUSH on the CUDA device: the kernels of `crush.cu` loaded once per
+//! device, each map uploaded once and reused, per-stream page-locked and
+//! device buffers, zero-copy launches for small batches and staged copies
+//! for large ones, inputs the kernel hands back recomputed on the host.
 
-use crate::device::{fix_fallbacks, kernel_fits, pool_kernel_params, Inputs, MapHandle, Mapping};
-use crate::error::{OffloadError, Result};
-use crate::kernel::{cached_ptx, CRUSH_CU, KERNEL_THREAD, KERNEL_WARP};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-};
+use super::flat::LEN_FALLBACK;
+use super::{fix_fallbacks, kernel_fits, pool_kernel_params, Inputs, MapHandle, Mapping};
+use super::{KERNEL_THREAD, KERNEL_WARP, SOURCE};
+use crate::cuda::mem::{ensure, ensure_pinned, par_copy, Pinned};
+use crate::cuda::{cuda_err, CudaDevice};
+use crate::error::Result;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 /// Batches up to this many inputs use the latency (warp) kernel.
@@ -57,65 +58,11 @@ fn thread_kernel_choice() -> (String, u32) {
     }
 }
 
-/// Page-locked host memory mapped into the device's address space.
-struct Pinned<T> {
-    ctx: Arc<CudaContext>,
-    ptr: *mut T,
-    len: usize,
-    dptr: u64,
-}
-
-// SAFETY: plain host memory owned by this value; access is serialised by
-// the per-stream scratch lock.
-unsafe impl<T: Send> Send for Pinned<T> {}
-
-impl<T: Copy> Pinned<T> {
-    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Pinned<T>> {
-        use cudarc::driver::sys;
-        ctx.bind_to_thread().map_err(cuda_err)?;
-        let bytes = len.max(1) * std::mem::size_of::<T>();
-        // SAFETY: allocation of `bytes` of page-locked memory; checked below.
-        let p = unsafe {
-            cudarc::driver::result::malloc_host(
-                bytes,
-                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
-            )
-        }
-        .map_err(cuda_err)?;
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `p` was allocated with DEVICEMAP just above.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, p, 0) };
-        let pinned = Pinned {
-            ctx: ctx.clone(),
-            ptr: p as *mut T,
-            len: len.max(1),
-            dptr,
-        };
-        r.result().map_err(cuda_err)?;
-        Ok(pinned)
-    }
-
-    fn slice(&self, n: usize) -> &[T] {
-        assert!(n <= self.len);
-        // SAFETY: `len` initialised-or-device-written elements of T (plain
-        // integers: every bit pattern is valid).
-        unsafe { std::slice::from_raw_parts(self.ptr, n) }
-    }
-
-    fn slice_mut(&mut self, n: usize) -> &mut [T] {
-        assert!(n <= self.len);
-        // SAFETY: as above, and `&mut self` is the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, n) }
-    }
-}
-
-impl<T> Drop for Pinned<T> {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by malloc_host; no launch using it is pending
-        // (buffers are only replaced after the stream was synchronised).
-        let _ = unsafe { cudarc::driver::result::free_host(self.ptr as _) };
-    }
+/// Which thread kernel `IOLIFT_THREAD_KERNEL` / `IOLIFT_BLOCK` pick, for
+/// reports: "crush_map_thread x 128".
+pub fn thread_kernel_name() -> String {
+    let (name, block) = thread_kernel_choice();
+    format!("{name} x {block}")
 }
 
 /// Per-stream buffers, grown on demand and reused, so a launch allocates
@@ -129,144 +76,43 @@ struct Scratch {
     res: Option<CudaSlice<u32>>,
 }
 
-fn ensure<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    stream: &Arc<CudaStream>,
-    buf: &mut Option<CudaSlice<T>>,
-    n: usize,
-) -> Result<()> {
-    if buf.as_ref().is_none_or(|b| b.len() < n) {
-        *buf = Some(
-            stream
-                .alloc_zeros::<T>(n.next_power_of_two())
-                .map_err(cuda_err)?,
-        );
-    }
-    Ok(())
-}
-
-fn ensure_pinned<T: Copy>(
-    ctx: &Arc<CudaContext>,
-    buf: &mut Option<Pinned<T>>,
-    n: usize,
-) -> Result<()> {
-    if buf.as_ref().is_none_or(|b| b.len < n) {
-        *buf = None;
-        *buf = Some(Pinned::new(ctx, n.next_power_of_two())?);
-    }
-    Ok(())
-}
-
-/// `dst.copy_from_slice(src)`, over the rayon pool for large copies.
-fn par_copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 18;
-    if src.len() < 4 * CHUNK {
-        dst.copy_from_slice(src);
-    } else {
-        dst.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-    }
-}
-
-pub struct CudaDevice {
-    ctx: Arc<CudaContext>,
-    streams: Vec<Arc<CudaStream>>,
-    scratch: Vec<Mutex<Scratch>>,
+/// What CRUSH keeps on one CUDA device (`CudaDevice::state`).
+struct CrushCuda {
     thread_fn: CudaFunction,
     /// Threads per block of the thread kernel.
     block: u32,
     warp_fn: CudaFunction,
+    scratch: Vec<Mutex<Scratch>>,
     maps: Mutex<HashMap<u64, Arc<GpuMap>>>,
-    name: String,
 }
 
-fn cuda_err<E: std::fmt::Debug>(e: E) -> OffloadError {
-    OffloadError::Cuda(format!("{e:?}"))
-}
-
-/// Whether libcuda can be loaded, without touching cudarc's panicking loader.
-pub fn driver_present() -> bool {
-    // SAFETY: only tries to dlopen the driver library by name.
-    catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false)
-}
-
-impl CudaDevice {
-    pub fn new(ordinal: usize, streams: usize) -> Result<CudaDevice> {
-        if !driver_present() {
-            return Err(OffloadError::NoGpu(
-                "the CUDA driver library (libcuda.so) is not installed on this machine; use --device cpu".into(),
-            ));
-        }
-        let r = catch_unwind(AssertUnwindSafe(|| -> Result<CudaDevice> {
-            let n = CudaContext::device_count().map_err(cuda_err)?;
-            if n <= 0 || ordinal >= n as usize {
-                return Err(OffloadError::NoGpu(format!(
-                    "GPU {ordinal} requested, {n} CUDA device(s) present"
-                )));
-            }
-            let ctx =
-                CudaContext::new(ordinal).map_err(|e| OffloadError::NoGpu(format!("{e:?}")))?;
-            // Buffers are per stream, or uploaded and synchronised before any
-            // other stream reads them: cudarc's per-buffer events are not needed.
-            // SAFETY: see above; no buffer is shared between streams while written.
-            unsafe { ctx.disable_event_tracking() };
-            // do_rule keeps ~1 KiB of per-thread state (result/work arrays,
-            // sparse permutation) in non-inlined frames: give the stack room.
-            let _ = ctx.set_limit(cudarc::driver::sys::CUlimit::CU_LIMIT_STACK_SIZE, 4096);
-            let (maj, min) = ctx.compute_capability().map_err(cuda_err)?;
-            let arch: &'static str = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
-            let (ptx, _) = cached_ptx(CRUSH_CU, "crush", arch)?;
-            let module = ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx.as_str()))
-                .map_err(cuda_err)?;
-            let (thread_name, block) = thread_kernel_choice();
-            let thread_fn = module.load_function(&thread_name).map_err(cuda_err)?;
-            let warp_fn = module.load_function(KERNEL_WARP).map_err(cuda_err)?;
-            let mut st = Vec::new();
-            for _ in 0..streams.max(1) {
-                st.push(ctx.new_stream().map_err(cuda_err)?);
-            }
-            let name = format!(
-                "cuda:{ordinal} {} (sm_{maj}{min}, {} streams, {thread_name} x {block})",
-                ctx.name().unwrap_or_default(),
-                st.len()
-            );
-            let scratch = st.iter().map(|_| Mutex::new(Scratch::default())).collect();
-            Ok(CudaDevice {
-                ctx,
-                scratch,
-                streams: st,
-                thread_fn,
-                block,
-                warp_fn,
-                maps: Mutex::new(HashMap::new()),
-                name,
-            })
-        }));
-        match r {
-            Ok(r) => r,
-            Err(_) => Err(OffloadError::NoGpu(
-                "the CUDA driver could not be initialised (loader panicked)".into(),
-            )),
-        }
-    }
-
-    pub fn name(&self) -> String {
-        self.name.clone()
-    }
-
-    pub fn streams(&self) -> usize {
-        self.streams.len()
+impl CrushCuda {
+    fn new(gpu: &CudaDevice) -> Result<CrushCuda> {
+        // do_rule keeps ~1 KiB of per-thread state (result/work arrays,
+        // sparse permutation) in non-inlined frames: give the stack room.
+        let _ = gpu
+            .context()
+            .set_limit(cudarc::driver::sys::CUlimit::CU_LIMIT_STACK_SIZE, 4096);
+        let module = gpu.module(&SOURCE)?;
+        let (thread_name, block) = thread_kernel_choice();
+        Ok(CrushCuda {
+            thread_fn: module.load_function(&thread_name).map_err(cuda_err)?,
+            block,
+            warp_fn: module.load_function(KERNEL_WARP).map_err(cuda_err)?,
+            scratch: (0..gpu.streams())
+                .map(|_| Mutex::new(Scratch::default()))
+                .collect(),
+            maps: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Upload (once) and return the device copy of `h`'s flat map.
-    fn gpu_map(&self, h: &MapHandle) -> Result<Arc<GpuMap>> {
+    fn gpu_map(&self, gpu: &CudaDevice, h: &MapHandle) -> Result<Arc<GpuMap>> {
         let mut maps = self.maps.lock().expect("map cache lock");
         if let Some(m) = maps.get(&h.flat.id) {
             return Ok(m.clone());
         }
-        let s = &self.streams[0];
+        let s = gpu.stream(0);
         let words = s.clone_htod(&h.flat.words).map_err(cuda_err)?;
         let ln = s.clone_htod(h.flat.ln.as_slice()).map_err(cuda_err)?;
         s.synchronize().map_err(cuda_err)?;
@@ -298,8 +144,10 @@ impl CudaDevice {
         Ok(dev)
     }
 
-    pub fn map(
+    #[allow(clippy::too_many_arguments)]
+    fn map(
         &self,
+        gpu: &CudaDevice,
         pe: usize,
         h: &MapHandle,
         rule: i32,
@@ -320,27 +168,28 @@ impl CudaDevice {
             let mut m = Mapping {
                 result_max,
                 out: vec![0; n * result_max],
-                lens: vec![crate::flat::LEN_FALLBACK; n],
+                lens: vec![LEN_FALLBACK; n],
                 fallbacks: 0,
             };
             fix_fallbacks(h, rule, inputs, weights, &mut m);
             return Ok(m);
         }
-        let si = pe % self.streams.len();
-        let stream = &self.streams[si];
+        let si = pe % gpu.streams();
+        let stream = gpu.stream(si);
+        let ctx = gpu.context();
         // the raw async copies below need the context current on this thread
-        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        ctx.bind_to_thread().map_err(cuda_err)?;
         let mut scratch = self.scratch[si].lock().expect("scratch lock");
         let sc = &mut *scratch;
-        let gm = self.gpu_map(h)?;
+        let gm = self.gpu_map(gpu, h)?;
         let wdev = self.gpu_weights(&gm, stream, weights)?;
         let rm1 = result_max.max(1);
         let nres = n + n * rm1;
         let zero_copy = n <= zero_copy_max();
-        ensure_pinned(&self.ctx, &mut sc.res_h, nres)?;
+        ensure_pinned(ctx, &mut sc.res_h, nres)?;
         let (x0, pgp_num, pgp_mask, pool_id, flags) = match inputs {
             Inputs::Xs(xs) => {
-                ensure_pinned(&self.ctx, &mut sc.xs_h, n)?;
+                ensure_pinned(ctx, &mut sc.xs_h, n)?;
                 par_copy(sc.xs_h.as_mut().expect("ensured").slice_mut(n), xs);
                 (0i32, 0u32, 0u32, 0u32, 0u32)
             }
@@ -354,11 +203,11 @@ impl CudaDevice {
         let (xs_ptr, lens_ptr): (u64, u64) = if zero_copy {
             (
                 if has_xs {
-                    sc.xs_h.as_ref().expect("ensured").dptr
+                    sc.xs_h.as_ref().expect("ensured").dptr()
                 } else {
                     0
                 },
-                sc.res_h.as_ref().expect("ensured").dptr,
+                sc.res_h.as_ref().expect("ensured").dptr(),
             )
         } else {
             ensure(stream, &mut sc.res, nres)?;
@@ -411,7 +260,7 @@ impl CudaDevice {
             .arg(&flags)
             .arg(&out_ptr)
             .arg(&lens_ptr);
-        // SAFETY: argument list matches the kernel signature in kernels/crush.cu;
+        // SAFETY: argument list matches the kernel signature in crush.cu;
         // the pointers address >= n inputs, n lengths and n * result_max rows.
         unsafe { lb.launch(cfg) }.map_err(cuda_err)?;
         if !zero_copy {
@@ -434,7 +283,7 @@ impl CudaDevice {
         drop(scratch);
         // rows past their length hold stale data from earlier launches
         for (i, &l) in lens_h.iter().enumerate() {
-            if l != crate::flat::LEN_FALLBACK && (l as usize) < rm1 {
+            if l != LEN_FALLBACK && (l as usize) < rm1 {
                 out_h[i * rm1 + l as usize..(i + 1) * rm1]
                     .iter_mut()
                     .for_each(|v| *v = 0);
@@ -452,4 +301,18 @@ impl CudaDevice {
         fix_fallbacks(h, rule, inputs, weights, &mut m);
         Ok(m)
     }
+}
+
+/// Map a batch on processing element `pe` of `gpu` (one launch).
+pub(super) fn map(
+    gpu: &CudaDevice,
+    pe: usize,
+    h: &MapHandle,
+    rule: i32,
+    inputs: Inputs,
+    result_max: usize,
+    weights: &[u32],
+) -> Result<Mapping> {
+    let state = gpu.state(CrushCuda::new)?;
+    state.map(gpu, pe, h, rule, inputs, result_max, weights)
 }
