@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod block;
+pub mod ceph;
 pub mod cli;
 pub mod config;
 pub mod fuse;
