@@ -28,6 +28,12 @@ PACKAGES=(
     qemu-block-extra  # qemu-img/qemu-nbd rbd:pool/image driver
     e2fsprogs       # mkfs.ext4, e2fsck (tests/fuse_attach)
     fuse3           # fusermount3 for nbdfuse, the peer in bench/fuse.sh
+    qemu-system-x86 # scripts/vm/guest.sh: the guest for the kernel's nbd and ublk clients (tests/guest_*)
+    busybox-static  # scripts/vm/guest.sh: the guest's initramfs
+    nbd-client      # tests/guest_nbd: the kernel nbd client's control tool, run in the guest
+    zstd            # scripts/vm/guest.sh: unpacks Debian 13's kernel image
+    cpio            # scripts/vm/guest.sh: packs the initramfs
+    kmod            # scripts/vm/guest.sh: depmod/modprobe on the unpacked kernel's modules
     g++             # iolift-offload: crates/iolift-offload/kernels/crush.cu built for the host (tests/host_kernel.rs)
 )
 # ---------------------------------------------------------------------------
