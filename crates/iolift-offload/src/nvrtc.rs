@@ -26,64 +26,169 @@ pub struct Nvrtc {
     pub path: PathBuf,
 }
 
-/// Where libnvrtc may be: `IOLIFT_NVRTC` (a file), CUDA install dirs, and
-/// pip's `nvidia-cuda-nvrtc-cu12` wheel (needs no GPU or driver).
-pub fn nvrtc_candidates() -> Vec<PathBuf> {
+/// Where libnvrtc is looked for, in order, as patterns (`*` matches
+/// within one path component; matches are tried highest version first; a
+/// bare file name goes through the dynamic loader's own search):
+///
+/// 1. `IOLIFT_NVRTC` (a file);
+/// 2. the loader's search path (`LD_LIBRARY_PATH`, ld.so.cache):
+///    `libnvrtc.so.12`, `libnvrtc.so.13`, `libnvrtc.so`;
+/// 3. CUDA toolkits: `$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda`,
+///    `/usr/local/cuda-*` (`lib64`, `targets/x86_64-linux/lib`,
+///    `targets/sbsa-linux/lib`), `/usr/lib/x86_64-linux-gnu`, `/usr/lib64`;
+/// 4. pip's NVRTC wheels (`nvidia-cuda-nvrtc-cu12`: `nvidia/cuda_nvrtc/lib`,
+///    CUDA 13 wheels: `nvidia/cu13/lib`) in the site-packages /
+///    dist-packages of `/usr/local/lib/python3*`, `/usr/lib/python3*`,
+///    `~/.local/lib/python3*`, `$VIRTUAL_ENV`, `$CONDA_PREFIX`,
+///    `/opt/conda`, `~/.pyenv/versions/*`.
+///
+/// No program is run to find it.
+pub fn search_patterns() -> Vec<String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let mut v = Vec::new();
-    if let Ok(p) = std::env::var("IOLIFT_NVRTC") {
-        v.push(PathBuf::from(p));
+    if let Some(p) = env("IOLIFT_NVRTC") {
+        v.push(p);
     }
-    for dir in [
-        "/usr/local/cuda/lib64",
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/local/cuda/targets/x86_64-linux/lib",
-    ] {
-        for name in ["libnvrtc.so", "libnvrtc.so.12", "libnvrtc.so.13"] {
-            v.push(Path::new(dir).join(name));
+    const NAMES: [&str; 3] = ["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so"];
+    v.extend(NAMES.iter().map(|n| n.to_string()));
+    let mut roots: Vec<String> = Vec::new();
+    roots.extend(env("CUDA_HOME"));
+    roots.extend(env("CUDA_PATH"));
+    roots.push("/usr/local/cuda".into());
+    roots.push("/usr/local/cuda-*".into());
+    for r in &roots {
+        for sub in [
+            "lib64",
+            "targets/x86_64-linux/lib",
+            "targets/sbsa-linux/lib",
+        ] {
+            for n in NAMES {
+                v.push(format!("{r}/{sub}/{n}"));
+            }
         }
     }
-    if let Ok(out) = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0])",
-        ])
-        .output()
+    for dir in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64"] {
+        for n in NAMES {
+            v.push(format!("{dir}/{n}"));
+        }
+    }
+    let home = env("HOME");
+    let mut pythons: Vec<String> =
+        vec!["/usr/local/lib/python3*".into(), "/usr/lib/python3*".into()];
+    if let Some(h) = &home {
+        pythons.push(format!("{h}/.local/lib/python3*"));
+    }
+    for prefix in [
+        env("VIRTUAL_ENV"),
+        env("CONDA_PREFIX"),
+        Some("/opt/conda".into()),
+    ]
+    .into_iter()
+    .flatten()
     {
-        if out.status.success() {
-            let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if !dir.is_empty() {
-                v.push(Path::new(&dir).join("lib/libnvrtc.so.12"));
-                v.push(Path::new(&dir).join("lib/libnvrtc.so.13"));
-            }
+        pythons.push(format!("{prefix}/lib/python3*"));
+    }
+    if let Some(h) = &home {
+        pythons.push(format!("{h}/.pyenv/versions/*/lib/python3*"));
+    }
+    for py in &pythons {
+        for pkgs in ["site-packages", "dist-packages"] {
+            v.push(format!("{py}/{pkgs}/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"));
+            v.push(format!("{py}/{pkgs}/nvidia/cuda_nvrtc/lib/libnvrtc.so.13"));
+            v.push(format!("{py}/{pkgs}/nvidia/cu13/lib/libnvrtc.so.13"));
         }
     }
     v
 }
 
-impl Nvrtc {
-    /// Load the first libnvrtc found; a clear error listing where it looked
-    /// otherwise.
-    pub fn load() -> Result<Nvrtc> {
-        let cands = nvrtc_candidates();
-        for p in &cands {
-            if !p.exists() {
-                continue;
-            }
-            // SAFETY: loading a shared library runs its initialisers; libnvrtc's are benign.
-            if let Ok(lib) = unsafe { libloading::Library::new(p) } {
-                let n = Nvrtc {
-                    lib,
-                    path: p.clone(),
-                };
-                if n.version().is_ok() {
-                    return Ok(n);
+/// The existing paths `pattern` matches: `*` in a component matches any
+/// run of characters in one directory entry's name (no `/`); several
+/// matches come in descending name order (cuda-12.4 before cuda-12.0). A pattern
+/// without `*` gives itself when it exists.
+pub fn expand_glob(pattern: &str) -> Vec<PathBuf> {
+    let mut cur: Vec<PathBuf> = vec![if pattern.starts_with('/') {
+        PathBuf::from("/")
+    } else {
+        PathBuf::new()
+    }];
+    for comp in pattern.split('/').filter(|c| !c.is_empty()) {
+        let mut next = Vec::new();
+        for base in &cur {
+            match comp.split_once('*') {
+                None => next.push(base.join(comp)),
+                Some((pre, post)) => {
+                    let Ok(rd) = std::fs::read_dir(if base.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        base
+                    }) else {
+                        continue;
+                    };
+                    let mut names: Vec<String> = rd
+                        .filter_map(|e| e.ok())
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .filter(|n| {
+                            n.len() >= pre.len() + post.len()
+                                && n.starts_with(pre)
+                                && n[pre.len()..].ends_with(post)
+                        })
+                        .collect();
+                    names.sort_unstable_by(|a, b| b.cmp(a));
+                    next.extend(names.into_iter().map(|n| base.join(n)));
                 }
             }
         }
-        Err(OffloadError::NoNvrtc(format!(
-            "libnvrtc not found (looked at {}); install the CUDA toolkit or `pip install nvidia-cuda-nvrtc-cu12`, or set IOLIFT_NVRTC=/path/libnvrtc.so.12",
-            cands.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        )))
+        cur = next;
+    }
+    cur.retain(|p| p.exists());
+    cur
+}
+
+impl Nvrtc {
+    /// Load the first working libnvrtc of `search_patterns()`; otherwise an
+    /// error listing every place tried.
+    pub fn load() -> Result<Nvrtc> {
+        Nvrtc::load_from(&search_patterns())
+    }
+
+    /// Load the first working libnvrtc `patterns` name (see
+    /// `search_patterns`); the error lists the patterns and, for files that
+    /// exist but would not load, why.
+    pub fn load_from(patterns: &[String]) -> Result<Nvrtc> {
+        let mut failures = Vec::new();
+        for pat in patterns {
+            let paths = if pat.contains('/') {
+                expand_glob(pat)
+            } else {
+                vec![PathBuf::from(pat)]
+            };
+            for p in paths {
+                // SAFETY: loading a shared library runs its initialisers; libnvrtc's are benign.
+                match unsafe { libloading::Library::new(&p) } {
+                    Ok(lib) => {
+                        let n = Nvrtc { lib, path: p };
+                        match n.version() {
+                            Ok(_) => return Ok(n),
+                            Err(e) => failures.push(format!("{}: {e}", n.path.display())),
+                        }
+                    }
+                    // a bare name the loader does not know is not worth a line
+                    Err(_) if !pat.contains('/') => {}
+                    Err(e) => failures.push(format!("{}: {e}", p.display())),
+                }
+            }
+        }
+        let mut msg = format!(
+            "libnvrtc not found; tried, in order: {}",
+            patterns.join(", ")
+        );
+        if !failures.is_empty() {
+            msg.push_str(&format!("; found but unusable: {}", failures.join("; ")));
+        }
+        msg.push_str(
+            ". Install the CUDA toolkit or `pip install nvidia-cuda-nvrtc-cu12`, or set IOLIFT_NVRTC=/path/libnvrtc.so.12",
+        );
+        Err(OffloadError::NoNvrtc(msg))
     }
 
     fn sym<T: Copy>(&self, name: &[u8]) -> Result<T> {

@@ -128,3 +128,72 @@ fn ptx_cache_by_source_hash() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), *p1);
     assert_ne!(source_hash(&src), source_hash(CRUSH_CU));
 }
+
+/// The fixed search finds a pip wheel's library by globbing the Python
+/// version directory (no python3 run), highest name first.
+#[test]
+fn search_globs_wheel_layouts() {
+    use iolift_offload::nvrtc::{expand_glob, search_patterns};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    for py in ["python3.10", "python3.11"] {
+        let lib = dir
+            .path()
+            .join(format!("lib/{py}/site-packages/nvidia/cuda_nvrtc/lib"));
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("libnvrtc.so.12"), b"").unwrap();
+    }
+    std::fs::create_dir_all(dir.path().join("lib/perl5")).unwrap();
+    let got = expand_glob(&format!(
+        "{root}/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"
+    ));
+    let want: Vec<std::path::PathBuf> = ["python3.11", "python3.10"]
+        .iter()
+        .map(|py| {
+            dir.path().join(format!(
+                "lib/{py}/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"
+            ))
+        })
+        .collect();
+    assert_eq!(got, want);
+    assert!(expand_glob(&format!("{root}/lib/python2*/x")).is_empty());
+    let pats = search_patterns();
+    for p in [
+        "/usr/local/lib/python3*/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+        "/usr/local/cuda/lib64/libnvrtc.so.12",
+        "libnvrtc.so.12",
+    ] {
+        assert!(pats.iter().any(|x| x == p), "{p} not searched: {pats:?}");
+    }
+    if let Ok(h) = std::env::var("HOME") {
+        let local =
+            format!("{h}/.local/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
+        assert!(pats.contains(&local), "{local} not searched");
+    }
+}
+
+/// Nothing usable: the error lists every pattern tried and the files that
+/// exist but do not load.
+#[test]
+fn load_error_lists_what_was_tried() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("libnvrtc.so.12");
+    std::fs::write(&fake, b"not a library").unwrap();
+    let pats = vec![
+        dir.path()
+            .join("missing/libnvrtc.so.12")
+            .display()
+            .to_string(),
+        "libnvrtc-iolift-test-absent.so".to_string(),
+        fake.display().to_string(),
+    ];
+    let e = Nvrtc::load_from(&pats)
+        .err()
+        .expect("nothing loadable")
+        .to_string();
+    for p in &pats {
+        assert!(e.contains(p.as_str()), "{p} missing from: {e}");
+    }
+    assert!(e.contains("found but unusable"), "{e}");
+    assert!(e.contains("IOLIFT_NVRTC"), "{e}");
+}
