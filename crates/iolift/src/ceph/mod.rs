@@ -18,6 +18,7 @@ pub mod rbd;
 use anyhow::{anyhow, Result};
 use libloading::Library;
 use std::ffi::CString;
+use std::sync::OnceLock;
 
 /// A negative return code as text, e.g. `No such file or directory (os error 2)`.
 pub fn errtext(r: i64) -> String {
@@ -28,6 +29,15 @@ pub fn errtext(r: i64) -> String {
 /// `s` as a C string; `what` names it in the error if it holds a NUL byte.
 pub fn cstr(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| anyhow!("{what} {s:?} contains a NUL byte"))
+}
+
+/// The table in `cell`, loaded by `load` on first use; a failure is kept
+/// and returned to every caller.
+fn table<T>(
+    cell: &'static OnceLock<Result<T, String>>,
+    load: fn() -> Result<T, String>,
+) -> Result<&'static T> {
+    cell.get_or_init(load).as_ref().map_err(|e| anyhow!("{e}"))
 }
 
 /// Opens the library named by `$env`, else `default`; `install` is the

@@ -12,8 +12,8 @@
 //! last handle destroys the context, then shuts the connection down. Both
 //! handles may be used from any thread.
 
-use super::{cstr, errtext, load, sym};
-use anyhow::{anyhow, bail, Result};
+use super::{cstr, errtext, load, sym, table};
+use anyhow::{bail, Result};
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
@@ -46,9 +46,7 @@ static API: OnceLock<Result<RadosApi, String>> = OnceLock::new();
 /// librados, loaded on first use (`$IOLIFT_LIBRADOS`, default
 /// `librados.so.2`).
 pub fn api() -> Result<&'static RadosApi> {
-    API.get_or_init(load_api)
-        .as_ref()
-        .map_err(|e| anyhow!("{e}"))
+    table(&API, load_api)
 }
 
 fn load_api() -> Result<RadosApi, String> {

@@ -9,8 +9,8 @@
 //! `rbd_aio_*` entry points with [`Image::handle`].
 
 use super::rados::{self, IoCtx, IoctxT};
-use super::{load, opt_sym, sym};
-use anyhow::{anyhow, Result};
+use super::{load, opt_sym, sym, table};
+use anyhow::Result;
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
@@ -70,9 +70,7 @@ static API: OnceLock<Result<RbdApi, String>> = OnceLock::new();
 /// `librbd.so.1`).
 pub fn api() -> Result<&'static RbdApi> {
     rados::api()?;
-    API.get_or_init(load_api)
-        .as_ref()
-        .map_err(|e| anyhow!("{e}"))
+    table(&API, load_api)
 }
 
 /// The table if [`api`] has loaded it; for completion callbacks, which

@@ -62,6 +62,21 @@ pub(super) struct Entry {
     pub(super) tick: Option<u64>,
 }
 
+impl Entry {
+    /// A clean entry at generation `gen` (also its flushed generation).
+    fn new(data: Vec<u8>, gen: u64, tick: Option<u64>) -> Self {
+        Entry {
+            data,
+            dirty: false,
+            gen,
+            flushed_gen: gen,
+            dirty_since: Instant::now(),
+            dirty_seq: 0,
+            tick,
+        }
+    }
+}
+
 /// A block and the generation it had when a change was made to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct BlockGen {
@@ -195,39 +210,21 @@ impl State {
         self.gen += 1;
         self.tick += 1;
         let (g, t) = (self.gen, self.tick);
-        self.bytes += data.len() as u64;
         self.lru.insert(t, b);
-        self.map.insert(
-            b,
-            Entry {
-                data,
-                dirty: false,
-                gen: g,
-                flushed_gen: g,
-                dirty_since: Instant::now(),
-                dirty_seq: 0,
-                tick: Some(t),
-            },
-        );
+        self.put(b, Entry::new(data, g, Some(t)));
     }
 
     /// Inserts a block that is not held yet as new dirty data.
     pub(super) fn insert_dirty(&mut self, b: u64, data: Vec<u8>) {
         debug_assert!(!self.map.contains_key(&b));
-        self.bytes += data.len() as u64;
-        self.map.insert(
-            b,
-            Entry {
-                data,
-                dirty: false,
-                gen: 0,
-                flushed_gen: 0,
-                dirty_since: Instant::now(),
-                dirty_seq: 0,
-                tick: None,
-            },
-        );
+        self.put(b, Entry::new(data, 0, None));
         self.mark_dirty(b);
+    }
+
+    /// Adds an entry for a block not held and counts its bytes.
+    fn put(&mut self, b: u64, e: Entry) {
+        self.bytes += e.data.len() as u64;
+        self.map.insert(b, e);
     }
 
     /// Records a change to a held block: a new generation, and dirty (out
