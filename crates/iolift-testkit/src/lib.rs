@@ -23,6 +23,7 @@
 pub mod crushmap;
 pub mod data;
 pub mod disk;
+pub mod guest;
 pub mod process;
 pub mod rng;
 
