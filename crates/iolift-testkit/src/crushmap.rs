@@ -433,7 +433,7 @@ mod tests {
                 };
                 // Classes wherever no bucket is uniform.
                 let s = Spec {
-                    classes: n % 2 == 0 && !s.algs.contains(&"uniform"),
+                    classes: n.is_multiple_of(2) && !s.algs.contains(&"uniform"),
                     ..s
                 };
                 let (src, bin) = (dir.join("m.txt"), dir.join("m.bin"));

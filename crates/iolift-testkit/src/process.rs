@@ -1,7 +1,7 @@
 //! Peer tools and child processes: find a tool or fail loudly, run a
 //! command under a time limit with its output captured, wait for a child.
 
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -77,24 +77,20 @@ impl Out {
 /// Runs `c` with stdin from /dev/null and its output captured, for at most
 /// `t`; past that the command is killed and `timed_out` is set. Panics only
 /// when the command cannot be started.
+///
+/// The output goes to unlinked temporary files, not pipes: a command that
+/// leaves daemons behind (which inherit its stdout) still counts as done
+/// when the command itself exits.
 pub fn run_capture(c: &mut Command, t: Duration) -> Out {
     let cmdline = format!("{c:?}");
+    let mut so = tempfile::tempfile().expect("temporary file for stdout");
+    let mut se = tempfile::tempfile().expect("temporary file for stderr");
     let mut child = c
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(so.try_clone().expect("dup stdout file"))
+        .stderr(se.try_clone().expect("dup stderr file"))
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {cmdline}: {e}"));
-    // Read both pipes on threads so that a chatty command never blocks.
-    let drain = |mut p: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = p.read_to_end(&mut v);
-            String::from_utf8_lossy(&v).into_owned()
-        })
-    };
-    let ho = drain(Box::new(child.stdout.take().unwrap()));
-    let he = drain(Box::new(child.stderr.take().unwrap()));
     let (status, timed_out) = match wait_child(&mut child, t) {
         Some(st) => (st, false),
         None => {
@@ -102,10 +98,16 @@ pub fn run_capture(c: &mut Command, t: Duration) -> Out {
             (child.wait().expect("wait for killed command"), true)
         }
     };
+    let text = |f: &mut std::fs::File| {
+        let mut v = Vec::new();
+        f.seek(SeekFrom::Start(0)).expect("rewind output file");
+        f.read_to_end(&mut v).expect("read output file");
+        String::from_utf8_lossy(&v).into_owned()
+    };
     Out {
         status,
-        stdout: ho.join().unwrap(),
-        stderr: he.join().unwrap(),
+        stdout: text(&mut so),
+        stderr: text(&mut se),
         cmdline,
         timed_out,
     }
@@ -212,6 +214,19 @@ mod tests {
         .unwrap_err();
         let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(msg.contains("timed out"), "{msg}");
+    }
+
+    #[test]
+    fn a_daemon_left_behind_does_not_hold_the_runner() {
+        let t0 = Instant::now();
+        // The background sleep inherits stdout and outlives the shell.
+        let o = run_ok(cmd("sh").args(["-c", "sleep 20 & echo $!; echo done"]));
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        let mut lines = o.stdout.lines();
+        let pid: i32 = lines.next().unwrap().parse().unwrap();
+        assert_eq!(lines.next(), Some("done"));
+        // SAFETY: kill(2) on the sleep this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 
     #[test]
