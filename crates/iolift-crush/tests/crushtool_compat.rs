@@ -137,7 +137,7 @@ fn specs() -> Vec<(String, Spec)> {
                     algs,
                     weights: if j % 2 == 0 { 2 } else { 1 },
                     seed: (i * 10 + j) as u64,
-                    ..base.clone()
+                    ..base
                 },
             ));
         }
@@ -148,7 +148,7 @@ fn specs() -> Vec<(String, Spec)> {
             tunables: "bobtail",
             algs: ["straw"; 3],
             weights: 0,
-            ..base.clone()
+            ..base
         },
     ));
     v.push((
@@ -158,7 +158,7 @@ fn specs() -> Vec<(String, Spec)> {
             algs: ["straw", "straw2", "tree"],
             weights: 2,
             seed: 77,
-            ..base.clone()
+            ..base
         },
     ));
     v.push((
@@ -167,7 +167,7 @@ fn specs() -> Vec<(String, Spec)> {
             classes: true,
             weights: 2,
             seed: 5,
-            ..base.clone()
+            ..base
         },
     ));
     v.push((
@@ -176,7 +176,7 @@ fn specs() -> Vec<(String, Spec)> {
             choose_args: true,
             weights: 2,
             seed: 9,
-            ..base.clone()
+            ..base
         },
     ));
     v.push((
@@ -186,7 +186,7 @@ fn specs() -> Vec<(String, Spec)> {
             classes: true,
             tunables: "hammer",
             seed: 11,
-            ..base.clone()
+            ..base
         },
     ));
     v.push((
@@ -197,7 +197,7 @@ fn specs() -> Vec<(String, Spec)> {
             osds: 2,
             weights: 2,
             seed: 3,
-            ..base.clone()
+            ..base
         },
     ));
     v.push((

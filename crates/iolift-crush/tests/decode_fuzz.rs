@@ -27,29 +27,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// xorshift64* PRNG: deterministic for a seed.
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-}
-
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
         Ok(v) => v
@@ -78,7 +55,7 @@ fn seeds(dir: &Path) -> Vec<(String, Vec<u8>)> {
             Spec {
                 classes: true,
                 choose_args: true,
-                ..base.clone()
+                ..base
             },
         ),
         (
@@ -88,7 +65,7 @@ fn seeds(dir: &Path) -> Vec<(String, Vec<u8>)> {
                 algs: ["straw", "uniform", "list"],
                 weights: 0,
                 seed: 2,
-                ..base.clone()
+                ..base
             },
         ),
         (
@@ -97,7 +74,7 @@ fn seeds(dir: &Path) -> Vec<(String, Vec<u8>)> {
                 tunables: "firefly",
                 algs: ["tree", "list", "tree"],
                 seed: 3,
-                ..base.clone()
+                ..base
             },
         ),
         (
@@ -107,7 +84,7 @@ fn seeds(dir: &Path) -> Vec<(String, Vec<u8>)> {
                 algs: ["uniform", "straw2", "uniform"],
                 weights: 0,
                 seed: 4,
-                ..base.clone()
+                ..base
             },
         ),
         (
@@ -172,20 +149,20 @@ const BOUNDARY: [u32; 12] = [
 /// Apply one random mutation; returns a short description.
 fn mutate(rng: &mut Rng, buf: &mut Vec<u8>) -> String {
     let len = buf.len();
-    match rng.below(7) {
+    match rng.index(7) {
         0 => {
-            let at = rng.below(len);
+            let at = rng.index(len);
             buf.truncate(at);
             format!("truncate@{at}")
         }
         1 => {
             let mut d = String::from("flip");
-            for _ in 0..1 + rng.below(3) {
+            for _ in 0..1 + rng.index(3) {
                 if buf.is_empty() {
                     break;
                 }
-                let at = rng.below(buf.len());
-                let bit = 1u8 << rng.below(8);
+                let at = rng.index(buf.len());
+                let bit = 1u8 << rng.index(8);
                 buf[at] ^= bit;
                 d += &format!(" {at}^{bit:#x}");
             }
@@ -195,8 +172,8 @@ fn mutate(rng: &mut Rng, buf: &mut Vec<u8>) -> String {
             if buf.is_empty() {
                 return "noop".into();
             }
-            let at = rng.below(buf.len());
-            buf[at] = rng.next() as u8;
+            let at = rng.index(buf.len());
+            buf[at] = rng.next_u64() as u8;
             format!("byte@{at}={:#x}", buf[at])
         }
         3 | 4 => {
@@ -204,23 +181,23 @@ fn mutate(rng: &mut Rng, buf: &mut Vec<u8>) -> String {
             if len < 4 {
                 return "noop".into();
             }
-            let mut at = rng.below(len - 3);
-            if rng.below(4) != 0 {
+            let mut at = rng.index(len - 3);
+            if rng.index(4) != 0 {
                 at &= !3;
             }
-            let v = if rng.below(5) == 0 {
+            let v = if rng.index(5) == 0 {
                 let old = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap());
-                old.wrapping_add(rng.below(5) as u32).wrapping_sub(2)
+                old.wrapping_add(rng.index(5) as u32).wrapping_sub(2)
             } else {
-                BOUNDARY[rng.below(BOUNDARY.len())]
+                BOUNDARY[rng.index(BOUNDARY.len())]
             };
             buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
             format!("u32@{at}={v:#x}")
         }
         5 => {
-            let at = rng.below(len + 1);
-            let n = 1 + rng.below(8);
-            let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let at = rng.index(len + 1);
+            let n = 1 + rng.index(8);
+            let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
             buf.splice(at..at, bytes);
             format!("insert@{at}+{n}")
         }
@@ -228,8 +205,8 @@ fn mutate(rng: &mut Rng, buf: &mut Vec<u8>) -> String {
             if len == 0 {
                 return "noop".into();
             }
-            let at = rng.below(len);
-            let n = (1 + rng.below(8)).min(len - at);
+            let at = rng.index(len);
+            let n = (1 + rng.index(8)).min(len - at);
             buf.drain(at..at + n);
             format!("delete@{at}-{n}")
         }
@@ -427,12 +404,12 @@ fn mutated_maps_decode_to_error_or_mappable_map() {
         }
         let mut rng = Rng::new(seed);
         for i in 0..iters {
-            let (name, bytes) = &seeds[rng.below(seeds.len())];
+            let (name, bytes) = &seeds[rng.index(seeds.len())];
             let mut buf = bytes.clone();
             let mut desc = Vec::new();
             // Mostly one mutation; sometimes a few stacked.
-            let n = if rng.below(4) == 0 {
-                2 + rng.below(3)
+            let n = if rng.index(4) == 0 {
+                2 + rng.index(3)
             } else {
                 1
             };
@@ -592,7 +569,8 @@ fn corrupt_maps_name_the_problem() {
     // Trailing garbage.
     let mut b = good.clone();
     b.extend_from_slice(&[1, 2, 3]);
-    assert!(!err(&b).is_empty());
+    let e = err(&b);
+    assert!(e.contains("3 unexpected trailing bytes"), "{e}");
 }
 
 /// One workspace used for maps of different shapes, interleaved, gives the

@@ -132,7 +132,7 @@ fn spec_corpus() -> Vec<(String, Spec)> {
                     // 0: all 1.0, 1: varied, 2: varied with zero weights.
                     weights: ((i + j) % 3) as u32,
                     seed: (i * 10 + j) as u64,
-                    ..base.clone()
+                    ..base
                 },
             ));
         }
@@ -156,7 +156,7 @@ fn spec_corpus() -> Vec<(String, Spec)> {
                     osds: 5,
                     weights: 2,
                     seed: 100 + k as u64,
-                    ..base.clone()
+                    ..base
                 },
             ));
         }
@@ -169,7 +169,7 @@ fn spec_corpus() -> Vec<(String, Spec)> {
             classes: true,
             weights: 2,
             seed: 7,
-            ..base.clone()
+            ..base
         },
     ));
     v.push((
