@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# THE GPU check of iolift-offload (issue 4): run on a machine with a CUDA GPU.
+# THE GPU check of the offload engine (crates/iolift-offload): run on a
+# machine with a CUDA GPU.
 # Builds, checks GPU == CPU mapper bit for bit, times everything, writes the
 # results. One command:
 #
@@ -7,8 +8,8 @@
 #   OUT=/some/dir scripts/gpu-check.sh   # results in $OUT
 #
 # Knobs: IOLIFT_GPU_RANDOM (random inputs per map, default 10000000),
-# IOLIFT_OFFLOAD_BIN (a prebuilt iolift-offload binary: skips cargo),
-# IOLIFT_BIN (a prebuilt iolift binary for the `iolift crush` steps),
+# IOLIFT_BIN (a prebuilt iolift binary: skips cargo, and with it the Rust
+# GPU tests of step 4),
 # IOLIFT_NVRTC (path of libnvrtc.so.12 if it is not found by itself),
 # IOLIFT_KERNEL_CACHE (PTX cache dir; a cache filled elsewhere lets the GPU
 # run without NVRTC), CARGO_TARGET_DIR. Exit status: 0 when every check
@@ -49,71 +50,67 @@ fi
 nproc | sed 's/^/cpu cores: /' | tee -a "$LOG"
 
 # 1. build
-BIN=${IOLIFT_OFFLOAD_BIN:-}
+BIN=${IOLIFT_BIN:-}
 if [[ -z "$BIN" ]]; then
-    run build cargo build --release -p iolift-offload || { log "build failed"; exit 1; }
-    BIN=${CARGO_TARGET_DIR:-target}/release/iolift-offload
+    run build cargo build --release -p iolift --bin iolift || { log "build failed"; exit 1; }
+    BIN=${CARGO_TARGET_DIR:-target}/release/iolift
 fi
-run device "$BIN" info --device "$DEV" || { log "no usable GPU: stopping (see $OUT/device.txt)"; exit 1; }
+run device "$BIN" offload info --device "$DEV" || { log "no usable GPU: stopping (see $OUT/device.txt)"; exit 1; }
 
-# 2. kernels compile (NVRTC) -- the device open above already compiled or loaded the cached PTX
-"$BIN" nvrtc --arch compute_90 >"$OUT/nvrtc.txt" 2>&1 || log "NVRTC not loadable here (the PTX cache was used)"
+# 2. kernels compile (NVRTC) -- the device step above already compiled or loaded the cached PTX
+"$BIN" offload kernels --arch compute_90 >"$OUT/nvrtc.txt" 2>&1 || log "NVRTC not loadable here (the PTX cache was used)"
 
 # 3. GPU == CPU: the corpus (every bucket algorithm, tunables profile, rule
 #    shape, choose_args) and synthetic straw2 1,000- and 10,000-OSD maps,
 #    x = 0..1023 for sizes 1/3/6 and $RANDOM_N random inputs per map.
 MAPS=()
 for f in crates/iolift-offload/tests/maps/*.bin; do MAPS+=(--map "$f"); done
-run check "$BIN" check --device "$DEV" --random "$RANDOM_N" "${MAPS[@]}" --synthetic --osds 1000,$OSDS2
+run check "$BIN" crush check --device "$DEV" --random "$RANDOM_N" "${MAPS[@]}" --synthetic --osds 1000,$OSDS2
 
-# 4. the Rust test suite's GPU tests (corpus, pool on streams, whole pool)
-if [[ -z "${IOLIFT_OFFLOAD_BIN:-}" && "$DEV" == gpu* ]]; then
-    IOLIFT_GPU_TESTS=1 run gpu-tests cargo test --release -p iolift-offload --test gpu -- --nocapture
+# 4. the Rust test suite's GPU tests (corpus, pool on streams, whole pool);
+#    ignored by a plain `cargo test`, run here with --ignored, where a
+#    missing GPU is a failure
+if [[ -z "${IOLIFT_BIN:-}" && "$DEV" == gpu* ]]; then
+    run gpu-tests cargo test --release -p iolift-offload --test gpu -- --ignored --nocapture
 fi
 
 # 4b. `iolift crush test --device gpu` gives the same report as --device cpu
 #     (x = 0..9999 over every rule and numrep: 10^5 x made 839 MB reports)
-IOLIFT=${IOLIFT_BIN:-}
-if [[ -z "$IOLIFT" && -z "${IOLIFT_OFFLOAD_BIN:-}" ]] && cargo build --release -p iolift >"$OUT/build-iolift.txt" 2>&1; then
-    IOLIFT=${CARGO_TARGET_DIR:-target}/release/iolift
-fi
-if [[ -n "$IOLIFT" ]]; then
-    for f in crates/iolift-offload/tests/maps/straw2-choose_args-jewel.bin crates/iolift-offload/tests/maps/tree-argonaut-toptree.bin; do
-        b=$(basename "$f" .bin)
-        "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 9999 --device cpu >"$OUT/crush-test-$b-cpu.txt" 2>&1
-        if "$IOLIFT" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 9999 --device "$DEV" >"$OUT/crush-test-$b-dev.txt" 2>&1 &&
-            cmp -s "$OUT/crush-test-$b-cpu.txt" "$OUT/crush-test-$b-dev.txt"; then
-            log "crush test --device $DEV == --device cpu on $b"
-        else
-            log "crush test --device $DEV differs from --device cpu on $b (or failed)"; fail=1
-        fi
-    done
-    run crush-bench "$IOLIFT" crush bench --device "$DEV" --osds 1000 --max-batch $BATCH $QF
-fi
+for f in crates/iolift-offload/tests/maps/straw2-choose_args-jewel.bin crates/iolift-offload/tests/maps/tree-argonaut-toptree.bin; do
+    b=$(basename "$f" .bin)
+    "$BIN" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 9999 --device cpu >"$OUT/crush-test-$b-cpu.txt" 2>&1
+    if "$BIN" crush test -i "$f" --show-mappings --show-statistics --min-x 0 --max-x 9999 --device "$DEV" >"$OUT/crush-test-$b-dev.txt" 2>&1 &&
+        cmp -s "$OUT/crush-test-$b-cpu.txt" "$OUT/crush-test-$b-dev.txt"; then
+        log "crush test --device $DEV == --device cpu on $b"
+    else
+        log "crush test --device $DEV differs from --device cpu on $b (or failed)"; fail=1
+    fi
+done
+run crush-bench "$BIN" crush bench --device "$DEV" --osds 1000 --max-batch $BATCH $QF
 
 # 5. timings (targets, H100: >= 1e8 mappings/s on 1,000 OSDs 3-replica;
 #    1M-PG pool on 10,000 OSDs < 100 ms; round trip <= 20 us; >= 1e7 tasks/s)
-run bench-dev-1000 "$BIN" bench --device "$DEV" --osds 1000 --pes 4 --max-batch $BATCH $QF
+run bench-dev-1000 "$BIN" crush bench --device "$DEV" --osds 1000 --pes 4 --max-batch $BATCH $QF
 # the pool without spinning waiters (IOLIFT_POOL_SPIN_US=0), short run
-IOLIFT_POOL_SPIN_US=0 run bench-dev-nospin "$BIN" bench --device "$DEV" --osds 1000 --pes 4 --max-batch 10000 --quick
-run bench-dev-10000 "$BIN" bench --device "$DEV" --osds $OSDS2 --pes 4 --max-batch $BATCH $QF
-run pool-dev-rep "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 3
-run pool-dev-ec "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 6 --ec
-run pool-dev-4m "$BIN" pool --device "$DEV" --osds $OSDS2 --pg-num $PGS4 --size 3
+IOLIFT_POOL_SPIN_US=0 run bench-dev-nospin "$BIN" crush bench --device "$DEV" --osds 1000 --pes 4 --max-batch 10000 --quick
+run bench-dev-10000 "$BIN" crush bench --device "$DEV" --osds $OSDS2 --pes 4 --max-batch $BATCH $QF
+run pool-dev-rep "$BIN" crush map-pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 3
+run pool-dev-ec "$BIN" crush map-pool --device "$DEV" --osds $OSDS2 --pg-num $PGS --size 6 --ec
+run pool-dev-4m "$BIN" crush map-pool --device "$DEV" --osds $OSDS2 --pg-num $PGS4 --size 3
 # 5b. thread-kernel variants (launch bounds, block size): exact on the
 #     synthetic maps, and their kernel-only rates (check's mappings/s)
 if [[ "$DEV" == gpu* && "$QUICK" != 1 ]]; then
     for v in lb6 lb8 b256; do
         if [[ $v == b256 ]]; then
-            IOLIFT_BLOCK=256 run check-$v "$BIN" check --device "$DEV" --random 2000000 --synthetic --osds 1000,$OSDS2
+            IOLIFT_BLOCK=256 run check-$v "$BIN" crush check --device "$DEV" --random 2000000 --synthetic --osds 1000,$OSDS2
         else
-            IOLIFT_THREAD_KERNEL=$v run check-$v "$BIN" check --device "$DEV" --random 2000000 --synthetic --osds 1000,$OSDS2
+            IOLIFT_THREAD_KERNEL=$v run check-$v "$BIN" crush check --device "$DEV" --random 2000000 --synthetic --osds 1000,$OSDS2
         fi
     done
 fi
 # the same on this machine's CPU cores, for the ratios
-run bench-cpu-1000 "$BIN" bench --device cpu --osds 1000 --max-batch $((BATCH < 100000 ? BATCH : 100000)) $QF
-run pool-cpu-rep "$BIN" pool --device cpu --osds $OSDS2 --pg-num $PGS --size 3
+run bench-cpu-1000 "$BIN" crush bench --device cpu --osds 1000 --max-batch $((BATCH < 100000 ? BATCH : 100000)) $QF
+run pool-cpu-rep "$BIN" crush map-pool --device cpu --osds $OSDS2 --pg-num $PGS --size 3
 
 log "summary:"
 grep -h -E "mappings/s|round trip|tasks/s, batches of (1|1000|1000000):|whole pool|identical|MISMATCH|inputs compared" "$OUT"/check*.txt "$OUT"/bench-*.txt "$OUT"/pool-*.txt 2>/dev/null | tee -a "$LOG"

@@ -95,3 +95,24 @@ pub fn run_batch<K: Kernel>(
         )))
     })
 }
+
+/// Get every registered kernel ready on `dev`: on a GPU, compile (or take
+/// from the PTX cache) and load each module; the CPU needs nothing. One
+/// `(kernel name, result)` per kernel, for `iolift offload info`.
+pub fn prepare_all(dev: &dyn Device) -> Vec<(&'static str, Result<()>)> {
+    struct Prepare(Vec<(&'static str, Result<()>)>);
+    impl Launch for Prepare {
+        fn on_cpu(&mut self, _cpu: &CpuDevice) {
+            self.0 = ALL.iter().map(|k| (k.name, Ok(()))).collect();
+        }
+        fn on_cuda(&mut self, gpu: &CudaDevice) {
+            self.0 = ALL
+                .iter()
+                .map(|k| (k.name, gpu.module(k).map(drop)))
+                .collect();
+        }
+    }
+    let mut p = Prepare(Vec::new());
+    dev.launch(&mut p);
+    p.0
+}

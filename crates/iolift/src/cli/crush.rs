@@ -25,9 +25,15 @@ pub enum CrushCmd {
     Info(InfoArgs),
     /// Object name -> PG -> OSDs.
     MapObject(MapObjectArgs),
-    /// Offload benchmark (iolift-offload): mappings/s, single-task round trip
-    /// p50/p99 and tasks/s for batches of 1..--max-batch on a device.
+    /// Offload benchmark: mappings/s, single-task round trip p50/p99 and
+    /// tasks/s for batches of 1..--max-batch on a device.
     Bench(BenchArgs),
+    /// Device == CPU mapper on every rule of each map, sizes 1, 3 and 6:
+    /// x = 0..1023 and --random N random x per map; fails on any difference.
+    Check(CheckArgs),
+    /// Map every PG of a pool (id 1, hashpspool) on the synthetic straw2 map
+    /// and time it (median of 3).
+    MapPool(MapPoolArgs),
 }
 
 #[derive(Args, Debug)]
@@ -77,7 +83,7 @@ pub struct TestArgs {
     /// Where to write the report (crushtool writes it to stderr; default stdout).
     #[arg(short = 'o', long)]
     pub output: Option<String>,
-    /// Where to map: cpu, or gpu[:N] (iolift-offload): every mapping of the
+    /// Where to map: cpu, or gpu[:N] (the offload engine): every mapping of the
     /// test is computed on the device and checked against the CPU mapper
     /// before the (then identical) report is written.
     #[arg(long, default_value = "cpu")]
@@ -101,6 +107,49 @@ pub struct BenchArgs {
     /// Short runs (smoke test).
     #[arg(long)]
     pub quick: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// cpu, cpu:N, gpu, gpu:N.
+    #[arg(long, default_value = "gpu")]
+    pub device: String,
+    /// Processing elements: CPU workers / CUDA streams (0 = default).
+    #[arg(long, default_value_t = 0)]
+    pub pes: usize,
+    /// Random inputs per map (split over its rules and sizes).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub random: usize,
+    /// Binary crush map (repeatable).
+    #[arg(long = "map")]
+    pub maps: Vec<String>,
+    /// Also the synthetic straw2 maps of --osds (always, without --map).
+    #[arg(long)]
+    pub synthetic: bool,
+    /// OSD counts of the synthetic maps, comma-separated.
+    #[arg(long, default_value = "1000,10000")]
+    pub osds: String,
+}
+
+#[derive(Args, Debug)]
+pub struct MapPoolArgs {
+    /// cpu, cpu:N, gpu, gpu:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Processing elements: CPU workers / CUDA streams (0 = default).
+    #[arg(long, default_value_t = 0)]
+    pub pes: usize,
+    /// OSDs of the synthetic straw2 map (10 per host, 10 hosts per rack).
+    #[arg(long, default_value_t = 10_000)]
+    pub osds: usize,
+    #[arg(long = "pg-num", default_value_t = 1 << 20)]
+    pub pg_num: u32,
+    /// Replicas, or shards with --ec.
+    #[arg(long, default_value_t = 3)]
+    pub size: usize,
+    /// The EC rule (chooseleaf indep) instead of the replicated one.
+    #[arg(long)]
+    pub ec: bool,
 }
 
 #[derive(Args, Debug)]
@@ -163,6 +212,40 @@ pub fn run(a: CrushArgs) -> Result<ExitCode> {
                 quick: b.quick,
             };
             iolift_offload::kernels::crush::bench::report(dev, &o, &mut std::io::stdout())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        CrushCmd::Check(c) => {
+            let dev = iolift_offload::device::open(&c.device, c.pes)?;
+            let mut maps = Vec::new();
+            for f in &c.maps {
+                maps.push((f.clone(), load(f)?));
+            }
+            if maps.is_empty() || c.synthetic {
+                for o in c.osds.split(',').filter(|s| !s.is_empty()) {
+                    let n: usize = o.parse().with_context(|| format!("--osds: {o}"))?;
+                    maps.push((
+                        format!("synthetic-straw2-{n}"),
+                        iolift_offload::kernels::crush::synth::straw2_map(n, 10, 10),
+                    ));
+                }
+            }
+            iolift_offload::kernels::crush::check::check_maps(
+                &*dev,
+                maps,
+                c.random,
+                &mut std::io::stdout(),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        CrushCmd::MapPool(p) => {
+            let dev = iolift_offload::device::open(&p.device, p.pes)?;
+            let o = iolift_offload::kernels::crush::bench::PoolOpts {
+                osds: p.osds,
+                pg_num: p.pg_num,
+                size: p.size,
+                ec: p.ec,
+            };
+            iolift_offload::kernels::crush::bench::whole_pool(&*dev, &o, &mut std::io::stdout())?;
             Ok(ExitCode::SUCCESS)
         }
         CrushCmd::Decompile(d) => {

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 pub mod attach;
 pub mod crush;
+pub mod offload;
 pub mod serve;
 
 #[derive(Parser, Debug)]
@@ -32,6 +33,8 @@ pub enum Cmd {
     Attach(attach::AttachArgs),
     /// Undo `attach`: unbind the loop device, flush, unmount, stop the server.
     Detach(attach::DetachArgs),
+    /// Offload engine: devices and kernels (info, kernels).
+    Offload(offload::OffloadArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -47,6 +50,7 @@ pub fn main() -> ExitCode {
         Cmd::Crush(a) => crush::run(a),
         Cmd::Attach(a) => attach::run_attach(a),
         Cmd::Detach(a) => attach::run_detach(a),
+        Cmd::Offload(a) => offload::run(a),
     };
     match r {
         Ok(code) => code,
