@@ -119,7 +119,7 @@ import sys, urllib.request
 body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
 n = 0
 for l in body.splitlines():
-    if l.startswith('iolift_stats_requests_total{stage="below"'):
+    if l.startswith('iolift_stats_requests_total{stage="stats",instance="below"'):
         n += float(l.split()[-1])
 print(int(n))
 EOF

@@ -11,6 +11,8 @@ pub mod ceph;
 pub mod cli;
 pub mod config;
 pub mod fuse;
+pub mod metrics;
 pub mod nbd;
+pub mod spec;
 pub mod stage;
 pub mod util;

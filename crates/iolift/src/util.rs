@@ -1,17 +1,33 @@
-//! Small shared helpers: size parsing and formatting, `key=value` option lists.
+//! Small shared helpers: size and duration parsing, size formatting.
+//!
+//! The parsers trim nothing: a value with white space in it fails with a
+//! message naming the value (the same rule as for stage and backend
+//! options, see [`crate::spec`]).
 
 use anyhow::{bail, Context, Result};
+use std::time::Duration;
+
+/// Fails naming `s` if it is empty or has white space in it.
+fn no_spaces(what: &str, s: &str) -> Result<()> {
+    if s.is_empty() {
+        bail!("empty {what}");
+    }
+    if s.chars().any(char::is_whitespace) {
+        bail!("bad {what} {s:?}: has spaces");
+    }
+    Ok(())
+}
 
 /// Parses a size such as `4096`, `64k`, `32M`, `1G`, `2T` (powers of 1024;
 /// an optional trailing `B`/`iB` is accepted).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let t = t
+    no_spaces("size", s)?;
+    let t = s
         .strip_suffix("iB")
-        .or_else(|| t.strip_suffix("ib"))
-        .or_else(|| t.strip_suffix('B'))
-        .or_else(|| t.strip_suffix('b'))
-        .unwrap_or(t);
+        .or_else(|| s.strip_suffix("ib"))
+        .or_else(|| s.strip_suffix('B'))
+        .or_else(|| s.strip_suffix('b'))
+        .unwrap_or(s);
     let (num, mult) = match t.chars().last() {
         Some(c) if c.is_ascii_alphabetic() => {
             let m: u64 = match c.to_ascii_lowercase() {
@@ -26,11 +42,39 @@ pub fn parse_size(s: &str) -> Result<u64> {
         }
         _ => (t, 1),
     };
-    let n: u64 = num.trim().parse().with_context(|| {
+    let n: u64 = num.parse().with_context(|| {
         format!("bad size {s:?}: expected a number with an optional k/M/G/T unit")
     })?;
     n.checked_mul(mult)
         .with_context(|| format!("bad size {s:?}: too large"))
+}
+
+/// Parses a duration: `50us` (or `50µs`), `1.5ms`, `2s`, `100ns`, `0`; at
+/// most one hour.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    no_spaces("duration", s)?;
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = s
+        .find(|c: char| c.is_alphabetic())
+        .with_context(|| format!("bad duration {s:?}: needs a unit (ns, us, ms, s)"))?;
+    let (num, unit) = s.split_at(split);
+    let x: f64 = num
+        .parse()
+        .with_context(|| format!("bad duration {s:?}: expected a number and a unit"))?;
+    let scale = match unit {
+        "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => bail!("bad duration {s:?}: unknown unit {unit:?} (ns, us, ms, s)"),
+    };
+    let secs = x * scale;
+    if !secs.is_finite() || !(0.0..=3600.0).contains(&secs) {
+        bail!("bad duration {s:?}: must be between 0 and 1 hour");
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// Formats a byte count with the largest exact binary unit (`32M`, `1G`, `4097`).
@@ -44,7 +88,8 @@ pub fn format_size(n: u64) -> String {
 }
 
 /// Splits `name:k=v,k2=v2,flag` into the name and its options, in order.
-/// A bare word without `=` becomes `(word, "")`.
+/// A bare word without `=` becomes `(word, "")`. Checks nothing: stages
+/// and backends parse their specs with [`crate::spec`].
 pub fn split_spec(spec: &str) -> (&str, Vec<(&str, &str)>) {
     let (name, rest) = match spec.split_once(':') {
         Some((n, r)) => (n, r),
@@ -77,10 +122,28 @@ mod tests {
     }
 
     #[test]
-    fn specs() {
-        let (n, o) = split_spec("cache:size=32M,mode=wt,ro");
-        assert_eq!(n, "cache");
-        assert_eq!(o, vec![("size", "32M"), ("mode", "wt"), ("ro", "")]);
-        assert_eq!(split_spec("scheduler"), ("scheduler", vec![]));
+    fn durations() {
+        assert_eq!(parse_duration("50us").unwrap(), Duration::from_micros(50));
+        assert_eq!(parse_duration("7µs").unwrap(), Duration::from_micros(7));
+        assert_eq!(
+            parse_duration("1.5ms").unwrap(),
+            Duration::from_micros(1500)
+        );
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn spaces_are_errors_not_trimmed() {
+        for bad in [" 4k", "4k ", "32 M", ""] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+        let e = parse_size(" 4k").unwrap_err().to_string();
+        assert!(e.contains("\" 4k\""), "{e}");
+        for bad in [" 1ms", "1 ms", "1ms\n", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
     }
 }

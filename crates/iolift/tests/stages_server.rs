@@ -240,7 +240,7 @@ fn metrics_endpoint_counts_io() {
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
     let w0 = sample(
         &before,
-        "iolift_stats_requests_total{stage=\"top\",op=\"write\"}",
+        "iolift_stats_requests_total{stage=\"stats\",instance=\"top\",op=\"write\"}",
     );
     run_ok(cmd("nbdcopy").arg("--flush").arg(&src).arg(srv.uri()));
     let dst = srv.dir().join("dst.bin");
@@ -248,37 +248,47 @@ fn metrics_endpoint_counts_io() {
     let (_, after) = scrape(&addr, "/metrics");
     let w1 = sample(
         &after,
-        "iolift_stats_requests_total{stage=\"top\",op=\"write\"}",
+        "iolift_stats_requests_total{stage=\"stats\",instance=\"top\",op=\"write\"}",
     );
     assert!(w1 > w0, "top writes did not move: {w0} -> {w1}");
     let wb = sample(
         &after,
-        "iolift_stats_bytes_total{stage=\"top\",op=\"write\"}",
+        "iolift_stats_bytes_total{stage=\"stats\",instance=\"top\",op=\"write\"}",
     );
     assert!(wb >= (8 << 20) as f64, "top write bytes {wb}");
     let rb = sample(
         &after,
-        "iolift_stats_bytes_total{stage=\"top\",op=\"read\"}",
+        "iolift_stats_bytes_total{stage=\"stats\",instance=\"top\",op=\"read\"}",
     );
     assert!(rb >= (8 << 20) as f64, "top read bytes {rb}");
     assert!(
         sample(
             &after,
-            "iolift_stats_requests_total{stage=\"top\",op=\"flush\"}"
+            "iolift_stats_requests_total{stage=\"stats\",instance=\"top\",op=\"flush\"}"
         ) >= 1.0
     );
     assert!(
         sample(
             &after,
-            "iolift_stats_latency_seconds_count{stage=\"top\",op=\"write\"}"
+            "iolift_stats_latency_seconds_count{stage=\"stats\",instance=\"top\",op=\"write\"}"
         ) >= w1
     );
-    assert!(sample(&after, "iolift_sched_requests_total{stage=\"s1\"}") > 0.0);
-    assert!(sample(&after, "iolift_cache_writebacks_total{stage=\"c1\"}") > 0.0);
+    assert!(
+        sample(
+            &after,
+            "iolift_sched_requests_total{stage=\"scheduler\",instance=\"s1\"}"
+        ) > 0.0
+    );
+    assert!(
+        sample(
+            &after,
+            "iolift_cache_writebacks_total{stage=\"cache\",instance=\"c1\"}"
+        ) > 0.0
+    );
     // Writes below the cache are write-backs: no more than the writes above.
     let wbot = sample(
         &after,
-        "iolift_stats_requests_total{stage=\"bottom\",op=\"write\"}",
+        "iolift_stats_requests_total{stage=\"stats\",instance=\"bottom\",op=\"write\"}",
     );
     assert!(wbot > 0.0 && wbot <= w1, "bottom writes {wbot}, top {w1}");
     // Each family has its HELP/TYPE once.

@@ -6,9 +6,8 @@
 //! trim punches holes; write-zeroes uses FALLOC_FL_ZERO_RANGE or punches a
 //! hole when holes are allowed.
 
-use super::BackendSpec;
+use super::{BackendSpec, Kind, OptHelp};
 use crate::block::{BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
-use crate::util::parse_size;
 use anyhow::{bail, Context, Result};
 use bytes::{Bytes, BytesMut};
 use std::fs::{File, OpenOptions};
@@ -33,21 +32,58 @@ struct FileInner {
     is_block: bool,
 }
 
-pub fn open(s: &BackendSpec) -> Result<DevRef> {
-    s.check_opts(&["size", "direct", "ro"])?;
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "size",
+        kind: Kind::Size,
+        default: "the file's",
+        help: "create a missing file with this size, grow a smaller one, use only this much of a larger one",
+    },
+    OptHelp {
+        name: "direct",
+        kind: Kind::Flag,
+        default: "off",
+        help: "open with O_DIRECT (bypass the page cache)",
+    },
+    OptHelp {
+        name: "ro",
+        kind: Kind::Flag,
+        default: "off",
+        help: "read-only",
+    },
+];
+
+/// The checked spec of one file backend.
+pub struct FileConfig {
+    pub path: PathBuf,
+    pub size: Option<u64>,
+    pub direct: bool,
+    pub read_only: bool,
+}
+
+pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
     if s.arg.is_empty() {
-        bail!("file backend: missing PATH (file:PATH[,size=SIZE][,direct][,ro])");
+        bail!("backend file: missing PATH (file:PATH[,size=SIZE][,direct][,ro])");
     }
-    let size = s
-        .opt("size")
-        .map(parse_size)
-        .transpose()
-        .context("file backend: option size")?;
-    Ok(Arc::new(FileDev::open(
-        Path::new(&s.arg),
+    let size = match s.opts.get("size") {
+        None => None,
+        Some(_) => Some(s.opts.size("size", 0)?),
+    };
+    Ok(FileConfig {
+        path: PathBuf::from(&s.arg),
         size,
-        s.flag("direct"),
-        s.flag("ro"),
+        direct: s.opts.flag("direct")?,
+        read_only: s.opts.flag("ro")?,
+    })
+}
+
+pub fn open(s: &BackendSpec) -> Result<DevRef> {
+    let c = parse(s)?;
+    Ok(Arc::new(FileDev::open(
+        &c.path,
+        c.size,
+        c.direct,
+        c.read_only,
     )?))
 }
 

@@ -2,11 +2,10 @@
 //! write, freed by trim and zeroing, so memory use stays within SIZE and in
 //! practice within what was written.
 
-use super::BackendSpec;
+use super::{BackendSpec, OptHelp};
 use crate::block::extents::ExtentList;
 use crate::block::{ready, BlockDev, DevInfo, DevRef, Extent, IoFuture, Reply, Request};
-use crate::util::parse_size;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,9 +21,11 @@ pub struct MemoryDev {
     shards: Vec<Mutex<HashMap<u64, Page>>>,
 }
 
+/// No options: the positional SIZE is all.
+pub const OPTIONS: &[OptHelp] = &[];
+
 pub fn open(s: &BackendSpec) -> Result<DevRef> {
-    s.check_opts(&[])?;
-    let size = parse_size(&s.arg).context("memory backend: SIZE")?;
+    let size = s.size_arg()?;
     Ok(Arc::new(MemoryDev::new(size)))
 }
 

@@ -2,10 +2,15 @@
 //!
 //! A backend is named by a spec `KIND:ARG[,key=value...]`, e.g.
 //! `null:1G`, `memory:1G`, `file:/var/tmp/disk.img,size=1G,direct`.
-//! Adding a backend is one file plus one line in [`open`].
+//! Each backend's file declares its options (`OPTIONS`, a table of
+//! [`OptHelp`]); [`BACKENDS`] lists every backend with its summary,
+//! positional argument, options and functions, so adding a backend is one
+//! file plus one entry there. Options are parsed and checked by
+//! [`crate::spec`] (strict, the same everywhere).
 
 use crate::block::DevRef;
-use anyhow::{bail, Result};
+pub use crate::spec::{Kind, OptHelp, Opts};
+use anyhow::{bail, Context, Result};
 
 pub mod file;
 pub mod memory;
@@ -18,69 +23,188 @@ pub struct BackendSpec {
     pub kind: String,
     /// The positional argument: a size, a path, `pool/image`.
     pub arg: String,
-    pub opts: Vec<(String, String)>,
+    pub opts: Opts,
 }
 
 impl BackendSpec {
+    /// Splits `KIND:ARG[,ITEM...]`; checks the syntax (see [`crate::spec`]),
+    /// not the kind or the keys.
     pub fn parse(spec: &str) -> Result<Self> {
-        let Some((kind, rest)) = spec.split_once(':') else {
+        if !spec.contains(':') {
             bail!("bad backend {spec:?}: expected KIND:ARG, e.g. memory:1G, file:/path/disk.img,size=1G, null:1G");
-        };
-        let mut parts = rest.split(',');
-        let arg = parts.next().unwrap_or("").to_string();
-        let opts = parts
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (k.to_string(), v.to_string())
-            })
-            .collect();
+        }
+        let (kind, rest) = crate::spec::split_name("backend", spec)?;
+        let (arg, items) = rest.split_once(',').unwrap_or((rest, ""));
+        if arg.trim() != arg {
+            bail!("backend {kind}: argument {arg:?} has leading or trailing spaces");
+        }
         Ok(BackendSpec {
             kind: kind.to_string(),
-            arg,
-            opts,
+            arg: arg.to_string(),
+            opts: Opts::parse("backend", kind, items)?,
         })
     }
 
-    /// The value of option `key`, if given.
-    pub fn opt(&self, key: &str) -> Option<&str> {
-        self.opts
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+    /// The positional argument as a size (`null:1G`, `memory:1G`).
+    pub fn size_arg(&self) -> Result<u64> {
+        crate::util::parse_size(&self.arg).with_context(|| format!("backend {}: SIZE", self.kind))
     }
+}
 
-    /// Whether a flag option (`direct`, `ro`, ...) is set.
-    pub fn flag(&self, key: &str) -> bool {
-        matches!(self.opt(key), Some("" | "1" | "true" | "yes" | "on"))
-    }
+/// One kind of backend.
+pub struct BackendKind {
+    pub name: &'static str,
+    /// The positional argument, as help shows it (`SIZE`, `PATH`).
+    pub arg: &'static str,
+    /// One line for `iolift backends`.
+    pub summary: &'static str,
+    pub options: &'static [OptHelp],
+    /// Checks the argument and options whose values depend on each other,
+    /// opening nothing (the keys and each value's kind are checked before).
+    pub check: fn(&BackendSpec) -> Result<()>,
+    /// Opens the device.
+    pub open: fn(&BackendSpec) -> Result<DevRef>,
+}
 
-    /// Fails naming the first option not in `known`.
-    pub fn check_opts(&self, known: &[&str]) -> Result<()> {
-        for (k, _) in &self.opts {
-            if !known.contains(&k.as_str()) {
-                bail!(
-                    "backend {}: unknown option {k:?} (known: {})",
-                    self.kind,
-                    known.join(", ")
-                );
-            }
-        }
-        Ok(())
-    }
+/// Every backend, in the order `iolift backends` lists them.
+pub const BACKENDS: &[BackendKind] = &[
+    BackendKind {
+        name: "null",
+        arg: "SIZE",
+        summary: "reads zeroes, drops writes (measures the framework's own cost)",
+        options: null::OPTIONS,
+        check: |s| s.size_arg().map(drop),
+        open: null::open,
+    },
+    BackendKind {
+        name: "memory",
+        arg: "SIZE",
+        summary: "a sparse in-memory disk",
+        options: memory::OPTIONS,
+        check: |s| s.size_arg().map(drop),
+        open: memory::open,
+    },
+    BackendKind {
+        name: "file",
+        arg: "PATH",
+        summary: "a regular file (created sparse if missing) or a block device",
+        options: file::OPTIONS,
+        check: |s| file::parse(s).map(drop),
+        open: file::open,
+    },
+    BackendKind {
+        name: "rbd",
+        arg: "POOL/IMAGE[@SNAP]",
+        summary: "a Ceph RBD image through librbd (loaded at run time)",
+        options: rbd::OPTIONS,
+        check: |s| rbd::RbdSpec::parse(s).map(drop),
+        open: rbd::open,
+    },
+];
+
+/// The names in `BACKENDS`, comma-separated.
+fn known() -> String {
+    let names: Vec<&str> = BACKENDS.iter().map(|k| k.name).collect();
+    names.join(", ")
+}
+
+/// Parses a spec, finds its backend and checks its options.
+fn parse_spec(spec: &str) -> Result<(&'static BackendKind, BackendSpec)> {
+    let s = BackendSpec::parse(spec)?;
+    let Some(kind) = BACKENDS.iter().find(|k| k.name == s.kind) else {
+        bail!(
+            "unknown backend kind {:?} in {spec:?} (known: {})",
+            s.kind,
+            known()
+        );
+    };
+    s.opts.check(kind.options)?;
+    Ok((kind, s))
+}
+
+/// Checks a backend spec as strictly as [`open`] does, opening nothing:
+/// the kind, the argument, every key, every value.
+pub fn check_spec(spec: &str) -> Result<()> {
+    let (kind, s) = parse_spec(spec)?;
+    (kind.check)(&s)
 }
 
 /// Opens the backend a spec names.
 pub fn open(spec: &str) -> Result<DevRef> {
-    let s = BackendSpec::parse(spec)?;
-    match s.kind.as_str() {
-        "null" => null::open(&s),
-        "memory" => memory::open(&s),
-        "file" => file::open(&s),
-        "rbd" => rbd::open(&s),
-        other => {
-            bail!("unknown backend kind {other:?} in {spec:?} (known: null, memory, file, rbd)")
+    let (kind, s) = parse_spec(spec)?;
+    (kind.open)(&s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_specs_name_the_key_or_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("d.img");
+        let f = f.display();
+        for (spec, want) in [
+            ("nocolon", "expected KIND:ARG"),
+            ("bogus:1M", "unknown backend kind \"bogus\""),
+            ("null:12Q", "SIZE"),
+            ("null:", "SIZE"),
+            ("null: 1G", "\" 1G\""),
+            ("memory:1G,size=1", "unknown option \"size\" (known: none)"),
+            (&format!("file:{f},sise=1M"), "sise"),
+            (&format!("file:{f},size=1Q"), "size"),
+            (&format!("file:{f},size= 1M"), "\" 1M\""),
+            (&format!("file:{f},direct=maybe"), "direct"),
+            (&format!("file:{f},size"), "size"),
+            (&format!("file:{f},,ro"), "empty option"),
+            ("file:", "PATH"),
+            ("rbd:pool", "POOL/IMAGE"),
+            ("rbd:p/i,timeout=0", "timeout"),
+            ("rbd:p/i,conf=", "conf"),
+            ("rbd:p/i,bogus=1", "bogus"),
+        ] {
+            let e = match open(spec) {
+                Ok(_) => panic!("{spec} accepted"),
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(e.contains(want), "{spec}: {e}");
+            let c = format!("{:#}", check_spec(spec).unwrap_err());
+            assert_eq!(c, e, "check_spec and open differ on {spec}");
+        }
+        assert!(!std::path::Path::new(&f.to_string()).exists());
+    }
+
+    #[test]
+    fn check_spec_opens_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("new.img");
+        let spec = format!("file:{},size=1M,direct=0,ro=no", f.display());
+        check_spec(&spec).unwrap();
+        assert!(!f.exists(), "check_spec created the file");
+        check_spec("rbd:pool/img@s1,conf=/nonexistent/ceph.conf,timeout=3").unwrap();
+        check_spec("null:1G").unwrap();
+        check_spec("memory:64k").unwrap();
+        let spec = format!("file:{},size=1M", f.display());
+        assert_eq!(open(&spec).unwrap().info().size, 1 << 20);
+        assert!(f.exists());
+    }
+
+    #[test]
+    fn known_lists_come_from_the_table() {
+        let e = format!("{:#}", check_spec("zz:1").unwrap_err());
+        assert!(e.contains(&format!("(known: {})", known())), "{e}");
+        assert!(e.contains("null, memory, file, rbd"), "{e}");
+        for k in BACKENDS {
+            let spec = format!("{}:x,zzz=1", k.name);
+            let e = format!("{:#}", check_spec(&spec).unwrap_err());
+            let opts: Vec<&str> = k.options.iter().map(|o| o.name).collect();
+            let opts = if opts.is_empty() {
+                "none".to_string()
+            } else {
+                opts.join(", ")
+            };
+            let want = format!("backend {}: unknown option \"zzz\" (known: {opts})", k.name);
+            assert!(e.contains(&want), "{e}");
         }
     }
 }

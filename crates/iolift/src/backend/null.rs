@@ -1,9 +1,8 @@
 //! `null:SIZE`: reads zeroes, drops writes. Measures the framework's own cost.
 
-use super::BackendSpec;
+use super::{BackendSpec, OptHelp};
 use crate::block::{ready, BlockDev, DevInfo, DevRef, Extent, IoFuture, Reply, Request};
-use crate::util::parse_size;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 use std::sync::Arc;
 
@@ -22,9 +21,11 @@ impl NullDev {
     }
 }
 
+/// No options: the positional SIZE is all.
+pub const OPTIONS: &[OptHelp] = &[];
+
 pub fn open(s: &BackendSpec) -> Result<DevRef> {
-    s.check_opts(&[])?;
-    let size = parse_size(&s.arg).context("null backend: SIZE")?;
+    let size = s.size_arg()?;
     Ok(Arc::new(NullDev::new(size)))
 }
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 pub mod attach;
 pub mod crush;
+pub mod list;
 pub mod offload;
 pub mod serve;
 
@@ -33,6 +34,10 @@ pub enum Cmd {
     Attach(attach::AttachArgs),
     /// Undo `attach`: unbind the loop device, flush, unmount, stop the server.
     Detach(attach::DetachArgs),
+    /// List the stages (`--stage NAME:key=value,...`) and their options.
+    Stages(list::ListArgs),
+    /// List the backends (`KIND:ARG,key=value,...`) and their options.
+    Backends(list::ListArgs),
     /// Offload engine: devices and kernels (info, kernels).
     Offload(offload::OffloadArgs),
 }
@@ -50,6 +55,8 @@ pub fn main() -> ExitCode {
         Cmd::Crush(a) => crush::run(a),
         Cmd::Attach(a) => attach::run_attach(a),
         Cmd::Detach(a) => attach::run_detach(a),
+        Cmd::Stages(a) => list::run_stages(a),
+        Cmd::Backends(a) => list::run_backends(a),
         Cmd::Offload(a) => offload::run(a),
     };
     match r {

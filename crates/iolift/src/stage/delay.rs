@@ -1,11 +1,9 @@
 //! `delay`: adds latency to each request, fixed or random.
 //!
-//! `delay:read=50us,write=500us`, `delay:all=50us,jitter=20us,seed=7`.
-//! Keys: `all` (every op), `read`, `write`, `flush`, `trim`, `zero`
-//! (write-zeroes), `jitter` (uniform in [-jitter, +jitter], clamped at 0),
-//! `seed`. The request is passed down after the delay.
+//! `delay:read=50us,write=500us`, `delay:all=50us,jitter=20us,seed=7`;
+//! options in [`OPTIONS`]. The request is passed down after the delay.
 
-use super::{timer, Opts, Rng};
+use super::{timer, Kind, OptHelp, Opts, Rng};
 use crate::block::{BlockDev, DevInfo, DevRef, IoFuture, OpKind, Request};
 use anyhow::Result;
 use std::sync::{Arc, Mutex};
@@ -23,10 +21,49 @@ fn idx(k: OpKind) -> usize {
     OpKind::ALL.iter().position(|&x| x == k).unwrap_or(0)
 }
 
-pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
-    o.check(&[
-        "all", "read", "write", "flush", "trim", "zero", "jitter", "seed",
-    ])?;
+const fn dur(name: &'static str, help: &'static str) -> OptHelp {
+    OptHelp {
+        name,
+        kind: Kind::Duration,
+        default: "all",
+        help,
+    }
+}
+
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "all",
+        kind: Kind::Duration,
+        default: "0",
+        help: "delay of every request (the default of the keys below)",
+    },
+    dur("read", "delay of reads"),
+    dur("write", "delay of writes"),
+    dur("flush", "delay of flushes"),
+    dur("trim", "delay of trims"),
+    dur("zero", "delay of write-zeroes"),
+    OptHelp {
+        name: "jitter",
+        kind: Kind::Duration,
+        default: "0",
+        help: "adds a uniform random [-jitter, +jitter] to each delay (clamped at 0)",
+    },
+    OptHelp {
+        name: "seed",
+        kind: Kind::Count,
+        default: "1",
+        help: "seed of the jitter's random numbers",
+    },
+];
+
+/// The checked options of one delay stage.
+pub struct DelayConfig {
+    per_op: [Duration; 7],
+    jitter: Duration,
+    seed: u64,
+}
+
+pub fn parse(o: &Opts) -> Result<DelayConfig> {
     let all = o.duration("all", Duration::ZERO)?;
     let mut per_op = [all; 7];
     for (key, kind) in [
@@ -38,8 +75,19 @@ pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
     ] {
         per_op[idx(kind)] = o.duration(key, all)?;
     }
-    let jitter = o.duration("jitter", Duration::ZERO)?;
-    let seed = o.u64("seed", 1)?;
+    Ok(DelayConfig {
+        per_op,
+        jitter: o.duration("jitter", Duration::ZERO)?,
+        seed: o.u64("seed", 1)?,
+    })
+}
+
+pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
+    let DelayConfig {
+        per_op,
+        jitter,
+        seed,
+    } = parse(&o)?;
     let label = format!(
         "delay(r={:?},w={:?},jitter={:?})",
         per_op[idx(OpKind::Read)],

@@ -3,12 +3,9 @@
 //! `error:rate=0.01,ops=read|write,errno=EIO,seed=1` fails each matching
 //! request with probability `rate`; `error:after=N` fails every matching
 //! request from the Nth one on (1-based, counted in submission order).
-//! Keys: `rate` (0..1), `after` (give at least one of the two), `ops` (`|`-separated: read, write,
-//! flush, trim, zero, cache, block_status, or `all`; default all),
-//! `errno` (EIO, ENOSPC, EPERM, ENOMEM, EINVAL, ENOTSUP, ESHUTDOWN, ETIMEDOUT
-//! or a number; default EIO), `seed` (default 1).
+//! Give `rate`, `after` or both; options in [`OPTIONS`].
 
-use super::{Opts, Rng};
+use super::{Kind, OptHelp, Opts, Rng};
 use crate::block::{ready, BlockDev, DevInfo, DevRef, Errno, IoFuture, OpKind, Request};
 use anyhow::{bail, Result};
 use std::sync::{Arc, Mutex};
@@ -42,21 +39,59 @@ fn parse_errno(s: &str) -> Option<Errno> {
     Some(Errno(n))
 }
 
-pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
-    o.check(&["rate", "after", "ops", "errno", "seed"])?;
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "rate",
+        kind: Kind::Number,
+        default: "0",
+        help: "probability (0..1) that a matching request fails",
+    },
+    OptHelp {
+        name: "after",
+        kind: Kind::Count,
+        default: "off",
+        help: "fail every matching request from the Nth on (1-based)",
+    },
+    OptHelp {
+        name: "ops",
+        kind: Kind::Text("OP|OP..."),
+        default: "all",
+        help: "requests that may fail: read, write, flush, trim, zero, cache, block_status, all",
+    },
+    OptHelp {
+        name: "errno",
+        kind: Kind::Text("ERRNO"),
+        default: "EIO",
+        help: "the error: EIO, ENOSPC, EPERM, ENOMEM, EINVAL, ENOTSUP, ESHUTDOWN, ETIMEDOUT, EAGAIN, EROFS or a number",
+    },
+    OptHelp {
+        name: "seed",
+        kind: Kind::Count,
+        default: "1",
+        help: "seed of the random numbers (same seed, same failures)",
+    },
+];
+
+/// The checked options of one error stage.
+pub struct ErrorConfig {
+    ops: Vec<OpKind>,
+    rate: f64,
+    after: Option<u64>,
+    errno: Errno,
+    seed: u64,
+}
+
+pub fn parse(o: &Opts) -> Result<ErrorConfig> {
     let rate = o.f64("rate", 0.0)?;
     if !(0.0..=1.0).contains(&rate) {
-        bail!("stage error: option rate: {rate} is not between 0 and 1");
+        return Err(o.err("rate", format_args!("{rate} is not between 0 and 1")));
     }
     let after = match o.get("after") {
         None => None,
-        Some(_) => {
-            let n = o.u64("after", 1)?;
-            if n == 0 {
-                bail!("stage error: option after: counts from 1");
-            }
-            Some(n)
-        }
+        Some(_) => match o.u64("after", 1)? {
+            0 => return Err(o.err("after", "counts from 1")),
+            n => Some(n),
+        },
     };
     let ops = match o.get("ops") {
         None | Some("all") => OpKind::ALL.to_vec(),
@@ -67,7 +102,7 @@ pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
                     "zero" => OpKind::WriteZeroes,
                     _ => match OpKind::ALL.iter().find(|k| k.name() == w) {
                         Some(k) => *k,
-                        None => bail!("stage error: option ops: unknown op {w:?} (read, write, flush, trim, zero, cache, block_status, all)"),
+                        None => return Err(o.err("ops", format_args!("unknown op {w:?} (read, write, flush, trim, zero, cache, block_status, all)"))),
                     },
                 };
                 v.push(k);
@@ -79,20 +114,35 @@ pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
         None => Errno::EIO,
         Some(s) => match parse_errno(s) {
             Some(e) => e,
-            None => bail!("stage error: option errno: unknown errno {s:?} (EIO, ENOSPC, EPERM, ... or a number)"),
+            None => {
+                return Err(o.err(
+                    "errno",
+                    format_args!("unknown errno {s:?} (EIO, ENOSPC, EPERM, ... or a number)"),
+                ))
+            }
         },
     };
     if after.is_none() && o.get("rate").is_none() {
         bail!("stage error: give rate=P or after=N");
     }
-    let seed = o.u64("seed", 1)?;
-    Ok(Arc::new(ErrorDev {
-        below,
+    Ok(ErrorConfig {
         ops,
         rate,
         after,
         errno,
-        state: Mutex::new((Rng::new(seed), 0)),
+        seed: o.u64("seed", 1)?,
+    })
+}
+
+pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
+    let c = parse(&o)?;
+    Ok(Arc::new(ErrorDev {
+        below,
+        ops: c.ops,
+        rate: c.rate,
+        after: c.after,
+        errno: c.errno,
+        state: Mutex::new((Rng::new(c.seed), 0)),
     }))
 }
 

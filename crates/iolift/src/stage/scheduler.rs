@@ -16,20 +16,18 @@
 //! over a 50 us backend lost 3/4 of their IOPS when every request was
 //! held). A sequential stream is held from its second request on.
 //!
-//! Options: `max_delay` (default 1ms), `max_merge` (default 1M, also capped
-//! by the device's max block), `idle=dispatch|hold` (default dispatch: a
-//! request arriving while nothing is in flight below or held goes down at
-//! once, since there is nothing to merge it with yet, and only requests
-//! continuing a recent one are held; hold: every read and write is held),
-//! `name`.
+//! Options in [`OPTIONS`]. With `idle=dispatch` (the default) a request
+//! arriving while nothing is in flight below or held goes down at once,
+//! since there is nothing to merge it with yet, and only requests
+//! continuing a recent one are held; with `idle=hold` every read and write
+//! is held.
 
-use super::metrics::{self, MetricSource};
-use super::{timer, Opts};
+use super::{timer, Kind, OptHelp, Opts};
 use crate::block::{BlockDev, Completion, DevInfo, DevRef, Errno, Flags, IoFuture, Reply, Request};
-use anyhow::{bail, Result};
+use crate::metrics::{self, Instance, MetricSource};
+use anyhow::Result;
 use bytes::BytesMut;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,7 +65,7 @@ struct State {
 
 struct Inner {
     below: DevRef,
-    name: String,
+    id: Instance,
     max_delay: Duration,
     max_merge: u64,
     hold_idle: bool,
@@ -90,24 +88,71 @@ pub struct SchedCounters {
     pub merged: u64,
 }
 
-pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
-    o.check(&["max_delay", "max_merge", "idle", "name"])?;
-    let max_delay = o.duration("max_delay", Duration::from_millis(1))?;
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "max_delay",
+        kind: Kind::Duration,
+        default: "1ms",
+        help: "cap on the hold window (half the mean backend latency)",
+    },
+    OptHelp {
+        name: "max_merge",
+        kind: Kind::Size,
+        default: "1M",
+        help: "cap on a merged request (also capped by the device's max block)",
+    },
+    OptHelp {
+        name: "idle",
+        kind: Kind::Choice(IDLE),
+        default: "dispatch",
+        help: "dispatch: hold only requests continuing a recent one, none while idle; hold: every read and write",
+    },
+    OptHelp {
+        name: "name",
+        kind: Kind::Label,
+        default: "a number",
+        help: "the `instance` label of its /metrics series",
+    },
+];
+
+const IDLE: &[&str] = &["dispatch", "hold"];
+
+/// The checked options of one scheduler.
+pub struct SchedConfig {
+    pub max_delay: Duration,
+    pub max_merge: u64,
+    pub hold_idle: bool,
+    pub name: Option<String>,
+}
+
+pub fn parse(o: &Opts) -> Result<SchedConfig> {
     let max_merge = o.size("max_merge", 1 << 20)?;
     if max_merge == 0 || max_merge > u32::MAX as u64 {
-        bail!("stage scheduler: option max_merge: must be between 1 and 4G-1");
+        return Err(o.err("max_merge", "must be between 1 and 4G-1"));
     }
-    let hold_idle = o.choice("idle", &["dispatch", "hold"], "dispatch")? == "hold";
-    let name = o.label("name", &format!("scheduler{}", metrics::next_id()))?;
+    Ok(SchedConfig {
+        max_delay: o.duration("max_delay", Duration::from_millis(1))?,
+        max_merge,
+        hold_idle: o.choice("idle", IDLE, "dispatch")? == "hold",
+        name: o.label("name")?,
+    })
+}
+
+pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
+    let c = parse(&o)?;
     Ok(Arc::new(SchedDev::new(
-        below, name, max_delay, max_merge, hold_idle,
+        below,
+        c.name,
+        c.max_delay,
+        c.max_merge,
+        c.hold_idle,
     )))
 }
 
 impl SchedDev {
     pub fn new(
         below: DevRef,
-        name: String,
+        name: Option<String>,
         max_delay: Duration,
         max_merge: u64,
         hold_idle: bool,
@@ -115,7 +160,7 @@ impl SchedDev {
         let max_merge = max_merge.min(below.info().max_block.max(1) as u64);
         let inner = Arc::new(Inner {
             below,
-            name,
+            id: Instance::new("scheduler", name),
             max_delay,
             max_merge,
             hold_idle,
@@ -344,36 +389,25 @@ impl Drop for Straight {
 
 impl MetricSource for Inner {
     fn render(&self, out: &mut String) {
-        let n = &self.name;
         let (win, mean) = {
             let st = self.lock();
             (self.window(&st).as_secs_f64(), st.mean_ns / 1e9)
         };
-        let _ = writeln!(
-            out,
-            "iolift_sched_requests_total{{stage=\"{n}\"}} {}",
-            self.requests_in.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "iolift_sched_backend_requests_total{{stage=\"{n}\"}} {}",
-            self.backend_out.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "iolift_sched_merged_requests_total{{stage=\"{n}\"}} {}",
-            self.merged.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "iolift_sched_flushes_total{{stage=\"{n}\"}} {}",
-            self.flushes.load(Relaxed)
-        );
-        let _ = writeln!(out, "iolift_sched_window_seconds{{stage=\"{n}\"}} {win:e}");
-        let _ = writeln!(
-            out,
-            "iolift_sched_backend_latency_mean_seconds{{stage=\"{n}\"}} {mean:e}"
-        );
+        for (fam, v) in [
+            ("requests_total", self.requests_in.load(Relaxed)),
+            ("backend_requests_total", self.backend_out.load(Relaxed)),
+            ("merged_requests_total", self.merged.load(Relaxed)),
+            ("flushes_total", self.flushes.load(Relaxed)),
+        ] {
+            self.id.sample(out, &format!("iolift_sched_{fam}"), &[], v);
+        }
+        for (fam, v) in [
+            ("window_seconds", win),
+            ("backend_latency_mean_seconds", mean),
+        ] {
+            self.id
+                .sample(out, &format!("iolift_sched_{fam}"), &[], format!("{v:e}"));
+        }
     }
 
     fn headers(&self) -> &'static [(&'static str, &'static str, &'static str)] {
@@ -474,7 +508,7 @@ impl BlockDev for SchedDev {
     }
 
     fn name(&self) -> String {
-        format!("scheduler({})", self.inner.name)
+        format!("scheduler({})", self.inner.id.name())
     }
 
     fn close(&self) -> IoFuture {
@@ -500,7 +534,7 @@ mod tests {
         let slow = super::super::build("delay:all=300us", mem.clone()).unwrap();
         let s = Arc::new(SchedDev::new(
             slow,
-            "t".into(),
+            Some("t".into()),
             Duration::from_millis(1),
             1 << 20,
             false,

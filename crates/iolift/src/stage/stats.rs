@@ -1,15 +1,15 @@
 //! `stats`: per-op counters and latency histograms of the requests passing
 //! through, exported in Prometheus text format by `--metrics ADDR`.
 //!
-//! `stats[:name=LABEL]`; several stats stages in one stack are told apart by
-//! `name` (default `stats<N>`, numbered in creation order).
+//! `stats[:name=LABEL]`; its series carry `stage="stats"` and
+//! `instance="LABEL"` (by default a number in creation order), so several
+//! stats stages in one stack are told apart by `name`.
 
-use super::metrics::{self, MetricSource};
-use super::Opts;
+use super::{Kind, OptHelp, Opts};
 use crate::block::{BlockDev, Completion, DevInfo, DevRef, IoFuture, OpKind, Reply, Request};
+use crate::metrics::{self, Instance, MetricSource};
 use anyhow::Result;
 use hdrhistogram::Histogram;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -22,7 +22,7 @@ struct OpCounters {
 }
 
 pub struct StatsInner {
-    name: String,
+    id: Instance,
     ops: [OpCounters; 7],
     /// Latency in nanoseconds, per op.
     lat: [Mutex<Histogram<u64>>; 7],
@@ -37,17 +37,22 @@ fn idx(k: OpKind) -> usize {
     OpKind::ALL.iter().position(|&x| x == k).unwrap_or(0)
 }
 
+pub const OPTIONS: &[OptHelp] = &[OptHelp {
+    name: "name",
+    kind: Kind::Label,
+    default: "a number",
+    help: "the `instance` label of its /metrics series",
+}];
+
 pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
-    o.check(&["name"])?;
-    let default = format!("stats{}", metrics::next_id());
-    let name = o.label("name", &default)?;
-    Ok(Arc::new(StatsDev::new(name, below)))
+    Ok(Arc::new(StatsDev::new(o.label("name")?, below)))
 }
 
 impl StatsDev {
-    pub fn new(name: String, below: DevRef) -> Self {
+    /// A stats stage named `name` (`None`: numbered) over `below`.
+    pub fn new(name: Option<String>, below: DevRef) -> Self {
         let inner = Arc::new(StatsInner {
-            name,
+            id: Instance::new("stats", name),
             ops: Default::default(),
             lat: std::array::from_fn(|_| {
                 Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram"))
@@ -90,25 +95,19 @@ impl StatsInner {
 
 impl MetricSource for StatsInner {
     fn render(&self, out: &mut String) {
-        let n = &self.name;
         for (i, k) in OpKind::ALL.iter().enumerate() {
             let o = &self.ops[i];
-            let req = o.requests.load(Relaxed);
-            let op = k.name();
-            let _ = writeln!(
+            let op = [("op", k.name())];
+            let sample = |out: &mut String, fam: &str, v: &dyn std::fmt::Display| {
+                self.id.sample(out, fam, &op, v)
+            };
+            sample(
                 out,
-                "iolift_stats_requests_total{{stage=\"{n}\",op=\"{op}\"}} {req}"
+                "iolift_stats_requests_total",
+                &o.requests.load(Relaxed),
             );
-            let _ = writeln!(
-                out,
-                "iolift_stats_errors_total{{stage=\"{n}\",op=\"{op}\"}} {}",
-                o.errors.load(Relaxed)
-            );
-            let _ = writeln!(
-                out,
-                "iolift_stats_bytes_total{{stage=\"{n}\",op=\"{op}\"}} {}",
-                o.bytes.load(Relaxed)
-            );
+            sample(out, "iolift_stats_errors_total", &o.errors.load(Relaxed));
+            sample(out, "iolift_stats_bytes_total", &o.bytes.load(Relaxed));
             let h = self.lat[i].lock().unwrap_or_else(|e| e.into_inner());
             for q in [0.5, 0.9, 0.99, 0.999] {
                 let v = if h.is_empty() {
@@ -116,21 +115,18 @@ impl MetricSource for StatsInner {
                 } else {
                     h.value_at_quantile(q) as f64 / 1e9
                 };
-                let _ = writeln!(
+                let q = q.to_string();
+                let labels = [("op", k.name()), ("quantile", q.as_str())];
+                self.id.sample(
                     out,
-                    "iolift_stats_latency_seconds{{stage=\"{n}\",op=\"{op}\",quantile=\"{q}\"}} {v:e}"
+                    "iolift_stats_latency_seconds",
+                    &labels,
+                    format!("{v:e}"),
                 );
             }
             let sum = h.mean() * h.len() as f64 / 1e9;
-            let _ = writeln!(
-                out,
-                "iolift_stats_latency_seconds_sum{{stage=\"{n}\",op=\"{op}\"}} {sum:e}"
-            );
-            let _ = writeln!(
-                out,
-                "iolift_stats_latency_seconds_count{{stage=\"{n}\",op=\"{op}\"}} {}",
-                h.len()
-            );
+            sample(out, "iolift_stats_latency_seconds_sum", &format!("{sum:e}"));
+            sample(out, "iolift_stats_latency_seconds_count", &h.len());
         }
     }
 
@@ -178,7 +174,7 @@ impl BlockDev for StatsDev {
     }
 
     fn name(&self) -> String {
-        format!("stats({})", self.inner.name)
+        format!("stats({})", self.inner.id.name())
     }
 
     fn close(&self) -> IoFuture {

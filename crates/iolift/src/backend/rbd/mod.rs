@@ -22,7 +22,7 @@
 
 mod aio;
 
-use super::BackendSpec;
+use super::{BackendSpec, Kind, OptHelp};
 use crate::block::extents::from_allocated;
 use crate::block::{BlockDev, Callback, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
 use crate::ceph::rados::{Cluster, ClusterConfig};
@@ -51,11 +51,57 @@ pub struct RbdSpec {
     pub timeout_s: u32,
 }
 
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "conf",
+        kind: Kind::Text("PATH"),
+        default: "$CEPH_CONF, else Ceph's search path",
+        help: "ceph.conf to read",
+    },
+    OptHelp {
+        name: "id",
+        kind: Kind::Text("NAME"),
+        default: "admin",
+        help: "client id (client.NAME)",
+    },
+    OptHelp {
+        name: "keyring",
+        kind: Kind::Text("PATH"),
+        default: "Ceph's default",
+        help: "keyring file",
+    },
+    OptHelp {
+        name: "cluster",
+        kind: Kind::Text("NAME"),
+        default: "ceph",
+        help: "cluster name",
+    },
+    OptHelp {
+        name: "snap",
+        kind: Kind::Text("SNAP"),
+        default: "none",
+        help: "open this snapshot, read-only (also POOL/IMAGE@SNAP)",
+    },
+    OptHelp {
+        name: "ro",
+        kind: Kind::Flag,
+        default: "off",
+        help: "read-only",
+    },
+    OptHelp {
+        name: "timeout",
+        kind: Kind::Count,
+        default: "10",
+        help: "seconds allowed to connect and for monitor operations, 1..3600",
+    },
+];
+
 const USAGE: &str = "rbd:POOL/IMAGE[,conf=PATH][,id=NAME][,keyring=PATH][,cluster=NAME][,snap=SNAP][,ro][,timeout=SECS]";
 
 impl RbdSpec {
     pub fn parse(s: &BackendSpec) -> Result<Self> {
-        s.check_opts(&["conf", "id", "keyring", "cluster", "snap", "ro", "timeout"])?;
+        let o = &s.opts;
+        o.check(OPTIONS)?;
         let (pool, image) = match s.arg.split_once('/') {
             Some((p, i)) if !p.is_empty() && !i.is_empty() && !i.contains('/') => (p, i),
             _ => bail!(
@@ -69,29 +115,26 @@ impl RbdSpec {
             Some(_) => bail!("rbd backend: bad image name {image:?} ({USAGE})"),
             None => (image, None),
         };
-        let snap = s.opt("snap").map(str::to_string).or(at_snap);
-        let timeout_s = match s.opt("timeout") {
-            None => 10,
-            Some(t) => match t.parse::<u32>() {
-                Ok(n) if (1..=3600).contains(&n) => n,
-                _ => bail!("rbd backend: timeout={t:?}: expected whole seconds, 1..3600"),
-            },
-        };
-        let nonempty = |k: &str| -> Result<Option<String>> {
-            match s.opt(k) {
-                Some("") => bail!("rbd backend: option {k} needs a value ({USAGE})"),
-                v => Ok(v.map(str::to_string)),
+        let text = |k: &str| o.get(k).map(str::to_string);
+        let snap = text("snap").or(at_snap);
+        let timeout_s = match o.u64("timeout", 10)? {
+            n @ 1..=3600 => n as u32,
+            n => {
+                return Err(o.err(
+                    "timeout",
+                    format_args!("{n}: expected whole seconds, 1..3600"),
+                ))
             }
         };
         Ok(RbdSpec {
             pool: pool.to_string(),
             image: image.to_string(),
-            read_only: s.flag("ro") || snap.is_some(),
+            read_only: o.flag("ro")? || snap.is_some(),
             snap,
-            conf: nonempty("conf")?,
-            id: nonempty("id")?,
-            keyring: nonempty("keyring")?,
-            cluster: nonempty("cluster")?.unwrap_or_else(|| "ceph".into()),
+            conf: text("conf"),
+            id: text("id"),
+            keyring: text("keyring"),
+            cluster: text("cluster").unwrap_or_else(|| "ceph".into()),
             timeout_s,
         })
     }

@@ -3,16 +3,15 @@
 //! Contract: [`Inner`] is a metrics source registered when the cache is
 //! built; rendering reads the counters and takes the block-map lock once
 //! for the two gauges (bytes held, dirty bytes). Every sample carries the
-//! stage's name as its `stage` label.
+//! stage's labels (`stage="cache",instance=...`, see
+//! [`crate::metrics::Instance`]).
 
 use super::Inner;
-use crate::stage::metrics::MetricSource;
-use std::fmt::Write as _;
+use crate::metrics::MetricSource;
 use std::sync::atomic::Ordering::Relaxed;
 
 impl MetricSource for Inner {
     fn render(&self, out: &mut String) {
-        let n = &self.cfg.name;
         let (bytes, dirty) = {
             let st = self.lock();
             (st.bytes, st.dirty_bytes)
@@ -26,7 +25,7 @@ impl MetricSource for Inner {
             ("bytes", bytes),
             ("dirty_bytes", dirty),
         ] {
-            let _ = writeln!(out, "iolift_cache_{k}{{stage=\"{n}\"}} {v}");
+            self.id.sample(out, &format!("iolift_cache_{k}"), &[], v);
         }
     }
 

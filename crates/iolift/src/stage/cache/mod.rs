@@ -50,9 +50,10 @@ mod writeback;
 #[cfg(test)]
 mod tests;
 
-use super::Opts;
+use super::{Kind, OptHelp, Opts};
 use crate::block::{BlockDev, DevInfo, DevRef, IoFuture, Reply, Request};
-use anyhow::{bail, Result};
+use crate::metrics::Instance;
+use anyhow::Result;
 use map::State;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -76,32 +77,74 @@ pub struct CacheConfig {
     pub dirty_limit: u64,
     pub dirty_target: u64,
     pub max_age: Duration,
-    pub name: String,
+    /// The `name=` option: the instance label in /metrics (`None`: a number).
+    pub name: Option<String>,
 }
 
-pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
-    o.check(&[
-        "size",
-        "block",
-        "mode",
-        "dirty_limit",
-        "dirty_target",
-        "max_age",
-        "name",
-    ])?;
+const MODES: &[&str] = &["writeback", "writethrough", "readonly", "wb", "wt", "ro"];
+
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "size",
+        kind: Kind::Size,
+        default: "32M",
+        help: "bytes of blocks held (LRU eviction of clean blocks)",
+    },
+    OptHelp {
+        name: "block",
+        kind: Kind::Size,
+        default: "4k",
+        help: "block size, a power of two from 512 to 1M",
+    },
+    OptHelp {
+        name: "mode",
+        kind: Kind::Choice(MODES),
+        default: "writeback",
+        help: "writeback (wb), writethrough (wt) or readonly (ro)",
+    },
+    OptHelp {
+        name: "dirty_limit",
+        kind: Kind::Size,
+        default: "min(24M,3/4 size)",
+        help: "writers wait while dirty bytes would exceed it",
+    },
+    OptHelp {
+        name: "dirty_target",
+        kind: Kind::Size,
+        default: "min(16M,size/2)",
+        help: "the flusher writes back (oldest first) down to it",
+    },
+    OptHelp {
+        name: "max_age",
+        kind: Kind::Duration,
+        default: "1s",
+        help: "dirty blocks older than this are written back",
+    },
+    OptHelp {
+        name: "name",
+        kind: Kind::Label,
+        default: "a number",
+        help: "the `instance` label of its /metrics series",
+    },
+];
+
+/// Checks the options and works out the defaults that depend on others.
+pub fn parse(o: &Opts) -> Result<CacheConfig> {
     let size = o.size("size", 32 << 20)?;
     let block = o.size("block", 4096)?;
     if !block.is_power_of_two() || !(512..=(1 << 20)).contains(&block) {
-        bail!("stage cache: option block: {block} must be a power of two from 512 to 1M");
+        return Err(o.err(
+            "block",
+            format_args!("{block} must be a power of two from 512 to 1M"),
+        ));
     }
     if size < 2 * block {
-        bail!("stage cache: option size: {size} must hold at least two blocks of {block}");
+        return Err(o.err(
+            "size",
+            format_args!("{size} must hold at least two blocks of {block}"),
+        ));
     }
-    let mode = match o.choice(
-        "mode",
-        &["writeback", "writethrough", "readonly", "wb", "wt", "ro"],
-        "writeback",
-    )? {
+    let mode = match o.choice("mode", MODES, "writeback")? {
         "writeback" | "wb" => Mode::WriteBack,
         "writethrough" | "wt" => Mode::WriteThrough,
         _ => Mode::ReadOnly,
@@ -109,36 +152,38 @@ pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
     let dirty_limit = o.size("dirty_limit", (24 << 20).min(size / 4 * 3))?;
     let dirty_target = o.size("dirty_target", (16 << 20).min(size / 2).min(dirty_limit))?;
     if dirty_limit > size || dirty_limit < block {
-        bail!("stage cache: option dirty_limit: {dirty_limit} must be between one block and size ({size})");
+        return Err(o.err(
+            "dirty_limit",
+            format_args!("{dirty_limit} must be between one block and size ({size})"),
+        ));
     }
     if dirty_target > dirty_limit {
-        bail!(
-            "stage cache: option dirty_target: {dirty_target} is above dirty_limit ({dirty_limit})"
-        );
+        return Err(o.err(
+            "dirty_target",
+            format_args!("{dirty_target} is above dirty_limit ({dirty_limit})"),
+        ));
     }
-    let max_age = o.duration("max_age", Duration::from_secs(1))?;
-    let name = o.label(
-        "name",
-        &format!("cache{}", crate::stage::metrics::next_id()),
-    )?;
-    Ok(Arc::new(CacheDev::new(
-        below,
-        CacheConfig {
-            size,
-            block,
-            mode,
-            dirty_limit,
-            dirty_target,
-            max_age,
-            name,
-        },
-    )))
+    Ok(CacheConfig {
+        size,
+        block,
+        mode,
+        dirty_limit,
+        dirty_target,
+        max_age: o.duration("max_age", Duration::from_secs(1))?,
+        name: o.label("name")?,
+    })
+}
+
+pub fn build(o: Opts, below: DevRef) -> Result<DevRef> {
+    Ok(Arc::new(CacheDev::new(below, parse(&o)?)))
 }
 
 /// What the device, its in-flight requests and the flusher share.
 struct Inner {
     below: DevRef,
     cfg: CacheConfig,
+    /// Its labels in /metrics.
+    id: Instance,
     dev_size: u64,
     /// Most blocks in one request below.
     max_run: u64,
@@ -167,6 +212,7 @@ impl CacheDev {
         let max_run = (1u64 << 20).min(info.max_block as u64).max(cfg.block) / cfg.block;
         let inner = Arc::new(Inner {
             below,
+            id: Instance::new("cache", cfg.name.clone()),
             dev_size: info.size,
             max_run,
             cfg,
@@ -180,7 +226,7 @@ impl CacheDev {
             evictions: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
         });
-        crate::stage::metrics::register(inner.clone());
+        crate::metrics::register(inner.clone());
         let dev = CacheDev {
             inner,
             flusher: Mutex::new(None),
@@ -296,7 +342,7 @@ impl BlockDev for CacheDev {
         format!(
             "cache({},{})",
             crate::util::format_size(self.inner.cfg.size),
-            self.inner.cfg.name
+            self.inner.id.name()
         )
     }
 

@@ -62,7 +62,7 @@ fn wb_config(limit: u64, target: u64) -> CacheConfig {
         dirty_limit: limit,
         dirty_target: target,
         max_age: Duration::from_secs(3600),
-        name: "wbtest".into(),
+        name: Some("wbtest".into()),
     }
 }
 

@@ -2,13 +2,16 @@
 //!
 //! Stages that keep counters (stats, cache, scheduler) register a
 //! [`MetricSource`]; `GET /metrics` renders every live source in Prometheus
-//! text format (version 0.0.4). The endpoint is a ~60-line HTTP/1.0
+//! text format (version 0.0.4). Every series of a stage carries the label
+//! set its [`Instance`] renders: `stage="cache",instance="2"` (the stage's
+//! kind, and its `name=` option or else a number in creation order). The endpoint is a ~60-line HTTP/1.0
 //! responder on tokio rather than a web framework: it serves one fixed
 //! path, read-only, to a scraper, and an HTTP stack would add a large
 //! dependency tree for that.
 
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
+use std::fmt::{Display, Write as _};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -26,9 +29,55 @@ pub trait MetricSource: Send + Sync {
 static REGISTRY: Mutex<Vec<Weak<dyn MetricSource>>> = Mutex::new(Vec::new());
 static IDS: AtomicU64 = AtomicU64::new(0);
 
-/// A process-wide sequence number for default stage labels.
+/// A process-wide sequence number for default stage instance names.
 pub fn next_id() -> u64 {
     IDS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One stage instance's identity in /metrics: the labels every series of
+/// that stage starts with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    name: String,
+    labels: String,
+}
+
+impl Instance {
+    /// `stage` is the stage's kind (`cache`); `name` the user's `name=`
+    /// option, or `None` for the next number of [`next_id`].
+    pub fn new(stage: &str, name: Option<String>) -> Self {
+        let name = name.unwrap_or_else(|| next_id().to_string());
+        let labels = format!("stage=\"{}\",instance=\"{}\"", escape(stage), escape(&name));
+        Instance { name, labels }
+    }
+
+    /// The instance name (the `instance` label's value).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Appends one sample line, `family{stage=..,instance=..,k="v",..} value`,
+    /// with the `extra` labels after the instance's.
+    pub fn sample(
+        &self,
+        out: &mut String,
+        family: &str,
+        extra: &[(&str, &str)],
+        value: impl Display,
+    ) {
+        let _ = write!(out, "{family}{{{}", self.labels);
+        for (k, v) in extra {
+            let _ = write!(out, ",{k}=\"{}\"", escape(v));
+        }
+        let _ = writeln!(out, "}} {value}");
+    }
+}
+
+/// Escapes a label value (backslash, double quote, newline).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Registers a source; it is dropped from the registry when it is freed.
@@ -142,4 +191,26 @@ async fn answer(mut s: tokio::net::TcpStream) -> std::io::Result<()> {
         s.write_all(body.as_bytes()).await?;
     }
     s.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_labels_name_stage_and_instance_apart() {
+        let i = Instance::new("cache", Some("c1".into()));
+        assert_eq!(i.name(), "c1");
+        let mut out = String::new();
+        i.sample(&mut out, "iolift_cache_hits_total", &[], 7);
+        i.sample(&mut out, "iolift_x", &[("op", "read"), ("q", "a\"b")], 0.5);
+        assert_eq!(
+            out,
+            "iolift_cache_hits_total{stage=\"cache\",instance=\"c1\"} 7\n\
+             iolift_x{stage=\"cache\",instance=\"c1\",op=\"read\",q=\"a\\\"b\"} 0.5\n"
+        );
+        let (a, b) = (Instance::new("stats", None), Instance::new("stats", None));
+        assert_ne!(a.name(), b.name(), "default instances are numbered apart");
+        assert!(a.name().parse::<u64>().is_ok(), "{}", a.name());
+    }
 }
