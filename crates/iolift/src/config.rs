@@ -117,8 +117,7 @@ impl Config {
             if !seen.insert(e.name.as_str()) {
                 bail!("{p}.name: duplicate export name {:?}", e.name);
             }
-            crate::backend::BackendSpec::parse(&e.backend)
-                .with_context(|| format!("{p}.backend"))?;
+            crate::backend::check_spec(&e.backend).with_context(|| format!("{p}.backend"))?;
             for (j, s) in e.stages.iter().enumerate() {
                 validate_stage_spec(s).with_context(|| format!("{p}.stages[{j}]"))?;
             }
@@ -160,12 +159,9 @@ pub fn validate_max_request(n: u64) -> Result<u32> {
     Ok(n as u32)
 }
 
+/// A stage spec, checked as strictly as building it would (nothing is built).
 fn validate_stage_spec(s: &str) -> Result<()> {
-    let (name, _) = crate::util::split_spec(s);
-    if name.is_empty() {
-        bail!("empty stage spec {s:?}");
-    }
-    Ok(())
+    crate::stage::check_spec(s)
 }
 
 #[cfg(test)]
@@ -189,7 +185,7 @@ backend = "memory:1G"
 name = "b"
 backend = "null:1G"
 read_only = true
-stages = ["delay:ms=1"]
+stages = ["delay:all=1ms"]
 "#,
         )
         .unwrap();
@@ -231,5 +227,50 @@ stages = ["delay:ms=1"]
             Config::parse("default_export = \"zz\"").unwrap_err()
         );
         assert!(e.contains("default_export"), "{e}");
+    }
+
+    #[test]
+    fn stage_and_backend_specs_are_checked_strictly() {
+        let exp = |backend: &str, stages: &str| {
+            format!("[[export]]\nname=\"a\"\nbackend=\"{backend}\"\nstages=[{stages}]")
+        };
+        for (text, want) in [
+            (
+                exp("null:1G", "\"delay:ms=1\""),
+                "export[0].stages[0]: stage delay: unknown option \"ms\"",
+            ),
+            (
+                exp("null:1G", "\"stats\", \"cache:size=1Q\""),
+                "export[0].stages[1]: stage cache: option size",
+            ),
+            (
+                exp("memory:1G,size=1G", ""),
+                "export[0].backend: backend memory: unknown option \"size\"",
+            ),
+            (
+                exp("bogus:1G", ""),
+                "export[0].backend: unknown backend kind \"bogus\"",
+            ),
+            (
+                exp("file:/nonexistent/dir/d.img,direct=maybe", ""),
+                "option direct",
+            ),
+            (
+                "stages = [\"delay:ms=1\"]".to_string(),
+                "stages[0]: stage delay: unknown option \"ms\"",
+            ),
+        ] {
+            let e = format!("{:#}", Config::parse(&text).unwrap_err());
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        // Checking opens nothing: a file backend is not created.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("d.img");
+        Config::parse(&exp(
+            &format!("file:{},size=1M", f.display()),
+            "\"delay:all=1ms\"",
+        ))
+        .unwrap();
+        assert!(!f.exists());
     }
 }
