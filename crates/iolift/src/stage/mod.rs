@@ -17,6 +17,7 @@ use anyhow::{bail, Result};
 pub mod cache;
 pub mod delay;
 pub mod error;
+pub mod log_writes;
 pub mod scheduler;
 pub mod stats;
 mod timer;
@@ -74,6 +75,13 @@ pub const STAGES: &[StageKind] = &[
         options: error::OPTIONS,
         check: |o| error::parse(o).map(drop),
         build: error::build,
+    },
+    StageKind {
+        name: "log-writes",
+        summary: "records every write, trim, zero and flush to a log for iolift crash-states",
+        options: log_writes::OPTIONS,
+        check: |o| log_writes::parse(o).map(drop),
+        build: log_writes::build,
     },
 ];
 
