@@ -1,6 +1,6 @@
 //! Ceph CRUSH on the CPU, bit-exact with Ceph 16.2 (Pacific): binary map
-//! decode/encode, decompile, the mapper, a `crushtool --test` compatible
-//! tester and object -> PG -> OSD placement.
+//! decode/encode, decompile, the mapper and a `crushtool --test` compatible
+//! tester. Object -> PG -> OSD placement is OSDMap logic: `iolift-osdmap`.
 
 pub mod decode;
 pub mod decompile;
@@ -11,7 +11,6 @@ pub mod ln;
 mod ln_tables;
 pub mod map;
 pub mod mapper;
-pub mod placement;
 pub mod tester;
 
 pub use decode::decode;

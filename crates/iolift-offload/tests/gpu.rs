@@ -77,7 +77,7 @@ fn gpu_pool_and_whole_pool() {
     let cpu = device::cpu(0).unwrap();
     let h = MapHandle::new(straw2_map(10000, 10, 10), None).unwrap();
     let w = vec![0x10000u32; 10000];
-    let p = iolift_crush::placement::Pool {
+    let p = iolift_osdmap::placement::Pool {
         id: 3,
         pg_num: 1 << 20,
         pgp_num: 1 << 20,

@@ -7,11 +7,11 @@
 
 mod common;
 use common::*;
-use iolift_crush::placement::{pg_mask, pg_to_pps, Pool};
 use iolift_crush::{do_rule, Workspace};
 use iolift_offload::kernels::crush::bench::random_inputs;
 use iolift_offload::kernels::crush::flat::{FlatMap, LEN_FALLBACK};
 use iolift_offload::kernels::crush::synth::straw2_map;
+use iolift_osdmap::placement::{pg_mask, pg_to_pps, Pool};
 
 fn inputs() -> Vec<i32> {
     let n: usize = std::env::var("IOLIFT_OFFLOAD_CHECK_N")
@@ -215,7 +215,7 @@ fn host_kernel_matches_cpu_mapper_on_straw2_1000() {
 }
 
 /// Pool mode: the kernel derives x = pps(ps) itself; compare with
-/// iolift-crush's placement functions.
+/// iolift-osdmap's placement functions.
 #[test]
 fn host_kernel_pool_mode_matches_placement() {
     let k = host_kernel();

@@ -3,12 +3,12 @@
 //! several processing elements; whole-pool mapping vs per-PG placement;
 //! asking for the GPU without one is a clear error.
 
-use iolift_crush::placement::{map_object, pg_to_pps, Pool};
 use iolift_crush::{do_rule, Workspace};
 use iolift_offload::kernels::crush::bench::random_inputs;
 use iolift_offload::kernels::crush::synth::straw2_map;
 use iolift_offload::kernels::crush::{self, CrushKernel};
 use iolift_offload::{device, Device, Inputs, IoPool, MapHandle, OffloadError, PoolConfig};
+use iolift_osdmap::placement::{map_object, pg_to_pps, Pool};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Wake, Waker};

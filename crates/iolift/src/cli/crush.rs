@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use iolift_crush::placement::{map_object, Pool};
+use iolift_osdmap::placement::{map_object, Pool};
 use iolift_crush::tester::{run_test, test_weights, TestOptions};
 use iolift_crush::CrushMap;
 use std::io::{IsTerminal, Write};

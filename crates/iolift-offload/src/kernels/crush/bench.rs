@@ -7,7 +7,7 @@ use super::{map, map_pool, CrushKernel, Inputs, MapHandle, Mapping};
 use crate::device::Device;
 use crate::error::{OffloadError, Result};
 use crate::pool::{IoPool, PoolConfig};
-use iolift_crush::placement::Pool;
+use iolift_osdmap::placement::Pool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

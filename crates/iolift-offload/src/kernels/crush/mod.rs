@@ -23,7 +23,7 @@ use crate::device::{Device, Launch};
 use crate::error::{OffloadError, Result};
 use flat::{FlatMap, LEN_FALLBACK, MAX_RESULT};
 use iolift_crush::map::ChooseArgMap;
-use iolift_crush::placement::{pg_mask, pg_to_pps, Pool};
+use iolift_osdmap::placement::{pg_mask, pg_to_pps, Pool};
 use iolift_crush::{do_rule, CrushMap, Workspace};
 use std::sync::Arc;
 
