@@ -5,6 +5,7 @@
 //! run time, otherwise by iolift's own (AVX2 or portable), with the same
 //! bytes either way.
 
+pub mod bench;
 pub mod codec;
 pub mod gf;
 pub mod isal;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 pub mod attach;
 pub mod crush;
+pub mod ec;
 pub mod list;
 pub mod offload;
 pub mod serve;
@@ -29,6 +30,8 @@ pub enum Cmd {
     Serve(serve::ServeArgs),
     /// CRUSH placement: crushtool-compatible test, decompile, info, map-object.
     Crush(crush::CrushArgs),
+    /// Erasure coding like ceph-erasure-code-tool (jerasure, isa), plus bench.
+    Ec(ec::EcArgs),
     /// Attach a device as a kernel block device (/dev/loopN) through a
     /// FUSE file and a loop device (root; no nbd module needed).
     Attach(attach::AttachArgs),
@@ -53,6 +56,7 @@ pub fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Crush(a) => crush::run(a),
+        Cmd::Ec(a) => ec::run(a),
         Cmd::Attach(a) => attach::run_attach(a),
         Cmd::Detach(a) => attach::run_detach(a),
         Cmd::Stages(a) => list::run_stages(a),
