@@ -1,0 +1,22 @@
+//! Direct storage access for iolift (HAYAGUI's shape, with io_uring as the
+//! direct I/O engine).
+//!
+//! - [`target`]: open a raw block device or an image file, with O_DIRECT
+//!   where the file system allows it;
+//! - [`buf`]: aligned buffers, the registered-buffer pool, the page-locking
+//!   hook for a GPU;
+//! - [`engine`]: the io_uring engine (registered file and buffers, optional
+//!   SQPOLL and IOPOLL, batched submissions, completions as bytes / 0 /
+//!   -errno).
+//!
+//! See docs/direct.md.
+
+pub mod buf;
+pub mod engine;
+mod slot;
+pub mod target;
+
+pub use buf::{AlignedBuf, Buf, FixedBuf, FixedPool, PinHook, ALIGN};
+pub use engine::{Callback, Config, Done, Engine, Op, Stats};
+pub use slot::Pending;
+pub use target::{Direct, Open, Target};
