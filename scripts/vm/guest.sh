@@ -37,7 +37,7 @@ set -euo pipefail
 SUITE=trixie TIMEOUT=600 MEM=1G SMP=2 NET=0 JOB="" VERBOSE=0 BUILD_ONLY=0 SCRIPT=""
 ENVS=()
 # Bump when the initramfs' init changes, so cached ones are rebuilt.
-INIT_VERSION=1
+INIT_VERSION=2
 
 die() { echo "[guest.sh] error: $*" >&2; exit 2; }
 log() { echo "[guest.sh] $*" >&2; }
@@ -68,7 +68,7 @@ CACHE=${IOLIFT_VM_CACHE:-/var/tmp/iolift-vm-$SUITE}
 # Installed only when missing (IOLIFT_NO_INSTALL=1: never; fail instead).
 ensure_packages() {
     local p missing=()
-    for p in qemu-system-x86 busybox-static nbd-client zstd cpio kmod; do
+    for p in qemu-system-x86 busybox-static nbd-client zstd xz-utils cpio kmod; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     ((${#missing[@]})) || return 0
@@ -172,9 +172,12 @@ build_initramfs() {
         modprobe -d "$CACHE/kernel/depmod" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }' |
             while read -r f; do
                 f=${f/#*\/lib\/modules\/$kver/$CACHE\/kernel\/modules}
-                grep -qxF "$(basename "$f")" "$d/mod/order" && continue
-                cp "$f" "$d/mod/"
-                basename "$f" >>"$d/mod/order"
+                local ko
+                ko=$(basename "${f%.xz}")
+                grep -qxF "$ko" "$d/mod/order" && continue
+                # busybox insmod wants plain ELF: Debian 13 ships .ko.xz
+                if [[ $f == *.xz ]]; then xz -dc "$f" >"$d/mod/$ko"; else cp "$f" "$d/mod/$ko"; fi
+                echo "$ko" >>"$d/mod/order"
             done
     done
     cat >"$d/init" <<'INIT'

@@ -46,7 +46,11 @@ host_request() {
     rm -f "/run/job/$name.done"
     echo "$name" > "/run/job/$name.req"
     for i in $(seq $((limit * 10))); do
-        if [ -e "/run/job/$name.done" ]; then cat "/run/job/$name.done"; return 0; fi
+        if [ -e "/run/job/$name.done" ]; then
+            rm -f "/run/job/$name.req"
+            cat "/run/job/$name.done"
+            return 0
+        fi
         sleep 0.1
     done
     echo "host_request $name: no answer from the host in $limit s"
@@ -205,10 +209,16 @@ impl Running {
             std::thread::sleep(Duration::from_millis(100));
         }
         let answer = f();
-        let _ = std::fs::remove_file(&req);
         let done = self.job.join(format!("{name}.done"));
         std::fs::write(&done, format!("{answer}\n"))
             .unwrap_or_else(|e| panic!("write {}: {e}", done.display()));
+        // The guest removes its request once it has the answer (removing
+        // it here could race with the guest still writing it); wait for
+        // that, so that a later request of the same name is a new one.
+        let end = Instant::now() + Duration::from_secs(30);
+        while req.exists() && Instant::now() < end && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         true
     }
 
