@@ -5,23 +5,27 @@
 //! ```text
 //! iolift attach memory:1G            # prints /dev/loopN, serves until SIGTERM
 //! iolift attach --daemon file:/var/tmp/d.img,size=4G --name d
-//! iolift detach /dev/loopN           # or the FUSE file, or its mount dir
+//! iolift detach /dev/loopN           # or the FUSE file, its mount dir, or d
 //! ```
 //!
 //! Layout: the FUSE file is `/run/iolift/NAME/disk.img` (or `--file`); its
 //! parent directory is the FUSE mount point and `<mount dir>.pid` holds the
-//! server's pid, which is how `detach` finds it. The server locks its
+//! server's pid, which is how `detach` finds it (`detach NAME` looks at
+//! `/run/iolift/NAME`). The server locks its
 //! memory (mlockall) so that reclaim writing back pages of the loop device
 //! can never wait on a server page being swapped in.
 
-use crate::block::DevRef;
-use crate::fuse::{self, loopdev, FuseOptions};
+use crate::config::{DEFAULT_FUSE_THREADS, DEFAULT_THREADS};
+use crate::export::ExportPlan;
+use crate::frontend::{self, fuse::LoopFile, Running, StopOn};
+use crate::fuse::{self, loopdev};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where attach puts its mounts by default.
@@ -44,10 +48,10 @@ pub struct AttachArgs {
     #[arg(short, long)]
     pub read_only: bool,
     /// FUSE reader threads.
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    #[arg(long, default_value_t = DEFAULT_FUSE_THREADS, value_name = "N")]
     pub fuse_threads: usize,
     /// Tokio worker threads for completions.
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    #[arg(long, default_value_t = DEFAULT_THREADS, value_name = "N")]
     pub threads: usize,
     /// Only mount the FUSE file, bind no loop device.
     #[arg(long)]
@@ -63,7 +67,8 @@ pub struct AttachArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct DetachArgs {
-    /// /dev/loopN, the FUSE file, or its mount directory.
+    /// /dev/loopN, the FUSE file, its mount directory, or the NAME given
+    /// to `attach --name`.
     pub target: PathBuf,
     /// How long to wait for the server to flush and exit.
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
@@ -160,53 +165,44 @@ fn redirect_stdio_to_null() {
     }
 }
 
-fn mlock_all() {
-    // SAFETY: mlockall takes flags only.
-    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
-        tracing::warn!(
-            "mlockall failed ({}): the server may deadlock under memory pressure",
-            std::io::Error::last_os_error()
-        );
-    }
-}
+/// How long the device may take to flush at exit.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Serves until a signal. `report`: the daemon's pipe to its parent, taken
 /// (and closed) once the device is ready.
 fn serve(a: AttachArgs, file: PathBuf, report: &mut Option<std::fs::File>) -> Result<ExitCode> {
     if !a.no_mlock {
-        mlock_all();
+        frontend::fuse::mlock_all();
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(a.threads.clamp(1, 64))
-        .thread_name("iolift-io")
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
-    let backend = crate::backend::open(&a.backend)?;
-    let dev: DevRef = crate::stage::build_stack(&a.stages, backend)?;
-    let read_only = a.read_only || dev.info().read_only;
-    let opts = FuseOptions {
-        threads: a.fuse_threads,
-        read_only,
-    };
-    let mount = fuse::mount(dev.clone(), &file, rt.handle().clone(), &opts)?;
-    let pidfile = pidfile_for(mount.dir());
-    std::fs::write(&pidfile, format!("{}\n", std::process::id()))
-        .with_context(|| format!("cannot write {}", pidfile.display()))?;
-    let _rm_pid = RemoveOnDrop(pidfile.clone());
-    let loop_dev = if a.no_loop {
-        None
-    } else {
-        Some(loopdev::attach(mount.file(), read_only)?)
-    };
-    let shown = match &loop_dev {
-        Some(d) => d.display().to_string(),
-        None => mount.file().display().to_string(),
-    };
+    let rt = frontend::runtime(a.threads.clamp(1, 64), "iolift-io")?;
+    let export = Arc::new(
+        ExportPlan {
+            name: a.name.clone(),
+            backend: a.backend.clone(),
+            stages: a.stages.clone(),
+            read_only: a.read_only,
+            description: None,
+        }
+        .build()?,
+    );
+    let lf = LoopFile::start(
+        &export,
+        &file,
+        rt.handle().clone(),
+        a.fuse_threads,
+        !a.no_loop,
+    )?;
+    let (dir, fuse_file, shown) = (
+        lf.dir().to_path_buf(),
+        lf.file().to_path_buf(),
+        lf.device().display().to_string(),
+    );
+    let mut running = Running::new(vec![Box::new(lf)]);
+    running.write_pidfile(&pidfile_for(&dir))?;
     tracing::info!(
         "attached {} ({}) as {shown}, pid {}",
-        dev.name(),
-        mount.file().display(),
+        export.dev.name(),
+        fuse_file.display(),
         std::process::id()
     );
     match report.take() {
@@ -221,58 +217,15 @@ fn serve(a: AttachArgs, file: PathBuf, report: &mut Option<std::fs::File>) -> Re
             out.flush()?;
         }
     }
-    // Serve until asked to stop.
-    let sig = rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut hup = signal(SignalKind::hangup())?;
-        let s = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-            _ = hup.recv() => "SIGHUP",
-        };
-        Ok::<_, std::io::Error>(s)
-    })?;
-    tracing::info!("{sig}: detaching {shown}");
-    // Teardown: unbind the loop device (the kernel finishes its I/O first),
-    // flush the device, unmount.
-    if let Some(d) = &loop_dev {
-        if let Err(e) = loopdev::detach(d) {
-            tracing::warn!("{e:#}");
-        }
-        if !loopdev::wait_free(d, Duration::from_secs(10)) {
-            tracing::warn!("{} is still in use (a mounted file system?)", d.display());
-        }
-    }
-    let flushed =
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), dev.close()).await });
-    let mut code = ExitCode::SUCCESS;
-    match flushed {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            tracing::error!("final flush of {} failed: {e:?}", dev.name());
-            code = ExitCode::from(1);
-        }
-        Err(_) => {
-            tracing::error!("final flush of {} timed out", dev.name());
-            code = ExitCode::from(1);
-        }
-    }
-    let dir = mount.dir().to_path_buf();
-    if let Err(e) = mount.unmount() {
-        tracing::warn!("{e:#}; detaching the mount lazily");
-        let _ = fuse::umount(&dir, true);
-    }
+    let code = rt.block_on(async {
+        let sig = frontend::wait_for_signal(StopOn::IntTermHup).await;
+        tracing::info!("{sig}: detaching {shown}");
+        // Unbind the loop device (the kernel finishes its I/O first),
+        // unmount, flush the device.
+        running.close(&[export], FLUSH_TIMEOUT).await
+    });
     rt.shutdown_timeout(Duration::from_secs(5));
     Ok(code)
-}
-
-struct RemoveOnDrop(PathBuf);
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// Whether `pid` runs (a zombie waiting for its parent counts as gone).
@@ -304,8 +257,22 @@ fn in_use(dev: &Path) -> bool {
     )
 }
 
+/// What `detach` was given, with the name of `attach --name NAME` turned
+/// into its mount dir `/run/iolift/NAME` (where attach records its pid,
+/// as `/run/iolift/NAME.pid`). A bare word is taken as such a name only
+/// when that mount or pidfile exists; otherwise it stays a path.
+fn resolve_target(t: &Path) -> PathBuf {
+    if let Some(n) = t.to_str().filter(|n| check_name(n).is_ok()) {
+        let dir = Path::new(RUN_DIR).join(n);
+        if fuse::is_our_mount(&dir) || pidfile_for(&dir).exists() {
+            return dir;
+        }
+    }
+    t.to_path_buf()
+}
+
 pub fn run_detach(a: DetachArgs) -> Result<ExitCode> {
-    let t = &a.target;
+    let t = &resolve_target(&a.target);
     // Resolve the FUSE file and its mount dir from what we were given.
     let (file, dir) = if t.starts_with("/dev") {
         let f = loopdev::backing_file(t)
@@ -318,7 +285,7 @@ pub fn run_detach(a: DetachArgs) -> Result<ExitCode> {
         let d = t.parent().map(Path::to_path_buf).unwrap_or_default();
         if !fuse::is_our_mount(&d) && !pidfile_for(&d).exists() {
             bail!(
-                "{} is neither a loop device, an iolift FUSE file nor its mount dir",
+                "{} is neither a loop device, an iolift FUSE file, its mount dir nor the name of an attachment",
                 t.display()
             );
         }

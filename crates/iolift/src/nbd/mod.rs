@@ -42,7 +42,7 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-use crate::block::{DevInfo, DevRef};
+use crate::block::DevInfo;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,24 +50,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// One named device served over NBD (and possibly other front-ends).
-pub struct Export {
-    pub name: String,
-    pub dev: DevRef,
-    pub read_only: bool,
-    /// Sent as NBD_INFO_DESCRIPTION.
-    pub description: String,
-}
+pub use crate::export::Export;
 
-impl std::fmt::Debug for Export {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Export")
-            .field("name", &self.name)
-            .field("dev", &self.dev.name())
-            .field("read_only", &self.read_only)
-            .finish()
-    }
-}
+/// Largest read/write payload accepted unless configured otherwise
+/// (`serve --max-request`; the settings take it from here).
+pub const DEFAULT_MAX_REQUEST: u32 = 32 << 20;
 
 /// Server-wide settings.
 #[derive(Debug, Clone)]
@@ -92,7 +79,7 @@ pub struct ServerCfg {
 impl Default for ServerCfg {
     fn default() -> Self {
         ServerCfg {
-            max_request: 32 << 20,
+            max_request: DEFAULT_MAX_REQUEST,
             inflight_bytes: 64 << 20,
             handshake_timeout: Duration::from_secs(30),
             poll: Duration::ZERO,
@@ -113,9 +100,15 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn new(exports: Vec<Export>, default_export: Option<String>, cfg: ServerCfg) -> Self {
+    /// `exports`: owned or already shared (`Arc<Export>`, as the other
+    /// front-ends hold them).
+    pub fn new<E: Into<Arc<Export>>>(
+        exports: impl IntoIterator<Item = E>,
+        default_export: Option<String>,
+        cfg: ServerCfg,
+    ) -> Self {
         Server {
-            exports: exports.into_iter().map(Arc::new).collect(),
+            exports: exports.into_iter().map(Into::into).collect(),
             default_export,
             spin_gate: poll::SpinGate::new(cfg.poll_spinners.max(1)),
             cfg,
