@@ -502,3 +502,71 @@ fn fuse_attach_errors_are_clear() {
     let o = run_fail(Command::new(iolift_bin()).args(["detach", "/etc/hostname"]));
     assert!(o.stderr.contains("neither"), "{}", o.all());
 }
+
+/// Cleans up an attachment made with `--name` (its mount dir under
+/// /run/iolift and the pidfile next to it), also when the test fails.
+struct NamedAttachment(PathBuf);
+
+impl Drop for NamedAttachment {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = Command::new(iolift_bin())
+                .arg("detach")
+                .arg(&self.0)
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = fs::remove_dir(&self.0);
+        let _ = fs::remove_file(self.0.with_extension("pid"));
+    }
+}
+
+#[test]
+fn fuse_detach_by_attach_name() {
+    require_root();
+    // A name no other run uses; no dots, so NAME.pid is its pidfile.
+    let name = format!("t{}", rand_tag() % 1_000_000_000_000);
+    let dir = Path::new("/run/iolift").join(&name);
+    let _cleanup = NamedAttachment(dir.clone());
+    let o = run_ok(
+        Command::new(iolift_bin())
+            .args(["attach", "memory:64M", "--name", &name, "--daemon"])
+            .env("IOLIFT_LOG", "warn"),
+    );
+    let dev = PathBuf::from(o.stdout.trim());
+    assert!(
+        o.stdout.starts_with("/dev/loop"),
+        "attach printed {:?}",
+        o.stdout
+    );
+    assert!(is_mounted(&dir), "no FUSE mount at {}", dir.display());
+    let pid: i32 = fs::read_to_string(dir.with_extension("pid"))
+        .expect("attach --name writes /run/iolift/NAME.pid")
+        .trim()
+        .parse()
+        .unwrap();
+    // From a directory where NAME is no path: the name alone finds it.
+    let cwd = tempfile::tempdir().unwrap();
+    run_ok(
+        Command::new(iolift_bin())
+            .current_dir(cwd.path())
+            .args(["detach", &name]),
+    );
+    // Gone, or a zombie waiting to be reaped (its parent, attach, exited).
+    let state = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = state
+        .rsplit_once(')')
+        .map(|(_, r)| r.trim_start().chars().next());
+    assert!(
+        matches!(state, None | Some(Some('Z' | 'X'))),
+        "server pid {pid} still runs after detach ({state:?})"
+    );
+    assert!(!is_mounted(&dir), "FUSE mount left after detach {name}");
+    let loop_name = dev.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        !Path::new(&format!("/sys/block/{loop_name}/loop/backing_file")).exists(),
+        "{} still bound after detach {name}",
+        dev.display()
+    );
+    assert!(!dir.with_extension("pid").exists(), "pidfile left");
+}
