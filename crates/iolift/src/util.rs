@@ -87,22 +87,6 @@ pub fn format_size(n: u64) -> String {
     n.to_string()
 }
 
-/// Splits `name:k=v,k2=v2,flag` into the name and its options, in order.
-/// A bare word without `=` becomes `(word, "")`. Checks nothing: stages
-/// and backends parse their specs with [`crate::spec`].
-pub fn split_spec(spec: &str) -> (&str, Vec<(&str, &str)>) {
-    let (name, rest) = match spec.split_once(':') {
-        Some((n, r)) => (n, r),
-        None => (spec, ""),
-    };
-    let opts = rest
-        .split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.split_once('=').unwrap_or((p, "")))
-        .collect();
-    (name, opts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

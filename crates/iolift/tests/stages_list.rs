@@ -37,44 +37,56 @@ fn stdout_ok(args: &[&str]) -> String {
     out
 }
 
-/// The listing's block for `name`: from its usage line to the next blank line.
-fn block<'a>(out: &'a str, name: &str, sep: char) -> &'a str {
+/// The listing's block for `name`: from its usage line (`name`, `name[...`
+/// or `name:...`) to the next blank line.
+fn block<'a>(out: &'a str, name: &str) -> &'a str {
     out.split("\n\n")
-        .find(|b| b.starts_with(&format!("{name}{sep}")))
+        .find(|b| {
+            let head = b.lines().next().unwrap_or("");
+            head.strip_prefix(name)
+                .is_some_and(|r| r.is_empty() || r.starts_with(['[', ':']))
+        })
         .unwrap_or_else(|| panic!("no entry for {name} in:\n{out}"))
 }
 
-fn check_options(b: &str, name: &str, summary: &str, options: &[OptHelp]) {
-    assert!(b.contains(summary), "{name}: summary missing:\n{b}");
-    for o in options {
-        let line = b
-            .lines()
-            .find(|l| l.trim_start().starts_with(&o.usage()))
-            .unwrap_or_else(|| panic!("{name}: option {} missing:\n{b}", o.name));
-        assert!(
-            line.contains(o.help),
-            "{name}.{}: help missing: {line}",
-            o.name
-        );
-        assert!(
-            line.contains(o.default),
-            "{name}.{}: default: {line}",
-            o.name
-        );
-    }
-    if options.is_empty() {
-        assert!(b.contains("(no options)"), "{name}:\n{b}");
+/// One registered stage or backend: its name, the start of its usage
+/// line, its summary and options.
+type Entry<'a> = (&'a str, String, &'a str, &'a [OptHelp]);
+
+/// `iolift CMD` lists exactly `entries`, each with its usage line, summary
+/// and every option's usage, default and help on one line.
+fn check_listing(cmd: &str, entries: &[Entry]) {
+    let out = stdout_ok(&[cmd]);
+    assert_eq!(out.split("\n\n").count(), entries.len(), "{out}");
+    for (name, usage, summary, options) in entries {
+        let b = block(&out, name);
+        assert!(b.starts_with(usage.as_str()), "{name}: usage line:\n{b}");
+        assert!(b.contains(summary), "{name}: summary missing:\n{b}");
+        for o in options.iter() {
+            let line = b
+                .lines()
+                .find(|l| l.trim_start().starts_with(&o.usage()))
+                .unwrap_or_else(|| panic!("{name}: option {} missing:\n{b}", o.name));
+            assert!(line.contains(o.help), "{name}.{}: help: {line}", o.name);
+            assert!(
+                line.contains(o.default),
+                "{name}.{}: default: {line}",
+                o.name
+            );
+        }
+        if options.is_empty() {
+            assert!(b.contains("(no options)"), "{name}:\n{b}");
+        }
     }
 }
 
 #[test]
 fn stages_lists_every_stage_and_option() {
-    let out = stdout_ok(&["stages"]);
-    assert_eq!(out.split("\n\n").count(), STAGES.len(), "{out}");
-    for k in STAGES {
-        let b = block(&out, k.name, '[');
-        check_options(b, k.name, k.summary, k.options);
-    }
+    let entries: Vec<Entry> = STAGES
+        .iter()
+        .map(|k| (k.name, k.name.to_string(), k.summary, k.options))
+        .collect();
+    check_listing("stages", &entries);
     let one = stdout_ok(&["stages", "delay"]);
     assert!(one.starts_with("delay["), "{one}");
     assert!(!one.contains("cache"), "{one}");
@@ -82,17 +94,18 @@ fn stages_lists_every_stage_and_option() {
 
 #[test]
 fn backends_lists_every_backend_and_option() {
-    let out = stdout_ok(&["backends"]);
-    assert_eq!(out.split("\n\n").count(), BACKENDS.len(), "{out}");
-    for k in BACKENDS {
-        let b = block(&out, k.name, ':');
-        assert!(
-            b.starts_with(&format!("{}:{}", k.name, k.arg)),
-            "{}: usage line:\n{b}",
-            k.name
-        );
-        check_options(b, k.name, k.summary, k.options);
-    }
+    let entries: Vec<Entry> = BACKENDS
+        .iter()
+        .map(|k| {
+            (
+                k.name,
+                format!("{}:{}", k.name, k.arg),
+                k.summary,
+                k.options,
+            )
+        })
+        .collect();
+    check_listing("backends", &entries);
 }
 
 #[test]
