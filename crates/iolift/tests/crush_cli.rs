@@ -33,15 +33,7 @@ fn empty_and_random_maps_are_one_line_errors() {
     );
     let dir = tempfile::tempdir().unwrap();
     // Random bytes (deterministic), with and without the right magic.
-    let mut v = 0x2545_f491u32;
-    let mut bytes: Vec<u8> = (0..4096)
-        .map(|_| {
-            v ^= v << 13;
-            v ^= v >> 17;
-            v ^= v << 5;
-            v as u8
-        })
-        .collect();
+    let mut bytes = iolift_testkit::random_bytes(4096, 0x2545_f491);
     let p = dir.path().join("random.bin");
     std::fs::write(&p, &bytes).unwrap();
     let ps = p.to_str().unwrap();

@@ -13,15 +13,10 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    assert_eq!(
-        uid, 0,
-        "the FUSE/loop tests need root (mount(2), losetup): run the suite as root (CI does)"
-    );
+    common::require_root("the FUSE/loop tests need root (mount(2), losetup)");
     assert!(
         Path::new("/dev/fuse").exists(),
         "/dev/fuse is missing: the FUSE tests need a kernel with FUSE"
@@ -110,19 +105,6 @@ fn rand_tag() -> u128 {
         .as_nanos()
 }
 
-fn wait_child(c: &mut Child, t: Duration) -> Option<std::process::ExitStatus> {
-    let t0 = Instant::now();
-    loop {
-        if let Ok(Some(st)) = c.try_wait() {
-            return Some(st);
-        }
-        if t0.elapsed() > t {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 impl Drop for Attached {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -154,67 +136,6 @@ impl Drop for Attached {
     }
 }
 
-fn is_mounted(dir: &Path) -> bool {
-    let Ok(d) = dir.canonicalize() else {
-        return false;
-    };
-    let m = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    m.lines()
-        .any(|l| l.split_whitespace().nth(4) == Some(d.to_str().unwrap_or("")))
-}
-
-/// An ext4 mount of a loop device; lazily unmounted on drop.
-struct FsMount {
-    dir: PathBuf,
-    mounted: bool,
-}
-
-impl FsMount {
-    fn mount(dev: &Path, dir: &Path) -> FsMount {
-        fs::create_dir_all(dir).unwrap();
-        run_ok(cmd("mount").arg(dev).arg(dir));
-        FsMount {
-            dir: dir.to_path_buf(),
-            mounted: true,
-        }
-    }
-    fn umount(&mut self) {
-        if self.mounted {
-            run_ok(cmd("umount").arg(&self.dir));
-            self.mounted = false;
-        }
-    }
-}
-
-impl Drop for FsMount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg(&self.dir).status();
-            if is_mounted(&self.dir) {
-                let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-            }
-        }
-    }
-}
-
-fn mkfs(dev: &Path) {
-    run_ok(
-        cmd("mkfs.ext4")
-            .args(["-F", "-q", "-E", "nodiscard"])
-            .arg(dev),
-    );
-}
-
-fn fsck_clean(dev: &Path) {
-    let o = run_timeout(cmd("e2fsck").args(["-f", "-n"]).arg(dev), CMD_TIMEOUT);
-    assert!(
-        o.status.success(),
-        "e2fsck -fn {} not clean:\n{}",
-        dev.display(),
-        o.all()
-    );
-}
-
 /// Writes files of assorted sizes (and one in a subdirectory) and returns
 /// name -> sha256.
 fn write_files(root: &Path, seed: u64) -> BTreeMap<String, String> {
@@ -244,10 +165,6 @@ fn verify_files(root: &Path, sums: &BTreeMap<String, String>) {
     }
 }
 
-fn sync() {
-    run_ok(&mut Command::new("sync"));
-}
-
 /// Allocated bytes of a (sparse) file.
 fn allocated(p: &Path) -> u64 {
     fs::metadata(p).unwrap().blocks() * 512
@@ -273,14 +190,14 @@ fn fuse_attach_ext4_roundtrip() {
         "FUSE file size != device size"
     );
 
-    mkfs(&a.dev);
+    mkfs_ext4(&a.dev);
     let mnt = tmp.path().join("mnt");
-    let mut m = FsMount::mount(&a.dev, &mnt);
+    let mut m = Mount::new(&a.dev, &mnt);
     let sums = write_files(&mnt, 1);
     sync();
     m.umount();
     fsck_clean(&a.dev);
-    let mut m = FsMount::mount(&a.dev, &mnt);
+    let mut m = Mount::new(&a.dev, &mnt);
     verify_files(&mnt, &sums);
     // Detach refuses while the file system is mounted.
     let o = run_fail(Command::new(iolift_bin()).arg("detach").arg(&a.dev));
@@ -303,9 +220,9 @@ fn fuse_fstrim_reaches_file_backend() {
         &format!("file:{},size=256M", img.display()),
         &[],
     );
-    mkfs(&a.dev);
+    mkfs_ext4(&a.dev);
     let mnt = tmp.path().join("mnt");
-    let mut m = FsMount::mount(&a.dev, &mnt);
+    let mut m = Mount::new(&a.dev, &mnt);
     write_random_file(&mnt.join("big"), 48 << 20, 7);
     sync();
     let before = allocated(&img);
@@ -337,8 +254,8 @@ fn fuse_kill9_then_reattach_keeps_synced_files() {
     let sums;
     {
         let mut a = Attached::start(tmp.path(), &backend, &[]);
-        mkfs(&a.dev);
-        let mut m = FsMount::mount(&a.dev, &mnt);
+        mkfs_ext4(&a.dev);
+        let mut m = Mount::new(&a.dev, &mnt);
         let mut s = write_files(&mnt, 3);
         s.extend(write_files(&mnt, 4));
         sums = s;
@@ -362,11 +279,7 @@ fn fuse_kill9_then_reattach_keeps_synced_files() {
         });
         // The file system sees I/O errors now; unmount it, then let detach
         // clean up the loop device and the dead FUSE mount.
-        let _ = Command::new("umount").arg(&mnt).status();
-        if is_mounted(&mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
-        }
-        m.mounted = false;
+        m.release();
         run_ok(Command::new(iolift_bin()).arg("detach").arg(&a.dev));
         assert!(
             !is_mounted(a.file.parent().unwrap()),
@@ -375,10 +288,10 @@ fn fuse_kill9_then_reattach_keeps_synced_files() {
     }
     let a = Attached::start(tmp.path(), &backend, &[]);
     // Journal replay by the kernel, then a full check must be clean.
-    let mut m = FsMount::mount(&a.dev, &mnt);
+    let mut m = Mount::new(&a.dev, &mnt);
     m.umount();
     fsck_clean(&a.dev);
-    let _m = FsMount::mount(&a.dev, &mnt);
+    let _m = Mount::new(&a.dev, &mnt);
     verify_files(&mnt, &sums);
 }
 

@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use std::os::unix::process::ExitStatusExt;
 
 #[test]
 fn harness_nbdkit_unix_and_random_data() {
@@ -14,9 +15,13 @@ fn harness_nbdkit_unix_and_random_data() {
     // Deterministic data helpers.
     assert_eq!(random_bytes(1000, 7), random_bytes(1000, 7));
     assert_ne!(random_bytes(1000, 7), random_bytes(1000, 8));
-    let f = srv.dir().join("r.bin");
-    write_random_file(&f, 4096, 1);
-    assert_eq!(sha256_file(&f).len(), 64);
+    let (a, b) = (srv.dir().join("a.bin"), srv.dir().join("b.bin"));
+    write_random_file(&a, 4096, 1);
+    write_random_file(&b, 4096, 1);
+    assert_eq!(std::fs::read(&a).unwrap(), random_bytes(4096, 1));
+    assert_eq!(sha256_file(&a), sha256_file(&b));
+    write_random_file(&b, 4096, 2);
+    assert_ne!(sha256_file(&a), sha256_file(&b));
 }
 
 #[test]
@@ -33,13 +38,34 @@ fn harness_nbdkit_tcp_only() {
 
 #[test]
 fn harness_stop_reports_exit_and_run_fail_sees_errors() {
+    require_tool("nbdinfo");
+    // A server stopped by our SIGTERM exits by itself with status 0.
     let mut srv = ServerBuilder::nbdkit().backend("memory:1M").start();
     srv.assert_running();
     let st = srv.stop();
-    assert!(st.code().is_some() || std::os::unix::process::ExitStatusExt::signal(&st).is_some());
+    assert!(st.success(), "nbdkit after SIGTERM: {st}");
     assert!(!srv.is_running());
+    // Stopping it again reports the same exit (no signal to a reused pid).
+    assert_eq!(srv.stop(), st);
+    assert_eq!(srv.kill9(), None, "kill9 of a reaped server");
+    // A server that died before stop(): stop() reports how it died.
+    let mut srv = ServerBuilder::nbdkit().backend("memory:1M").start();
+    srv.signal(libc::SIGKILL);
+    let st = srv.stop();
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGKILL),
+        "stop() of a killed server: {st}"
+    );
+    assert!(!srv.is_running());
+    // run_fail: a non-zero exit with the client's own error message.
     let o = run_fail(cmd("nbdinfo").args(["--size", "nbd+unix:///?socket=/nonexistent/x.sock"]));
-    assert!(!o.all().is_empty());
+    assert_eq!(o.status.code(), Some(1), "{}", o.all());
+    assert!(
+        o.stderr.contains("No such file or directory"),
+        "{}",
+        o.all()
+    );
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod rbd_util;
 
 use bytes::Bytes;
 use iolift::block::{BlockDevExt, DevRef, Errno, Flags, Reply, Request};
+use iolift_testkit::random_bytes;
 use rbd_util::{run_limited, Cluster};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -19,18 +20,6 @@ fn rt() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 async fn put(dev: &DevRef, model: &mut [u8], off: u64, data: Vec<u8>, fua: bool) {
@@ -78,10 +67,24 @@ fn rbd_backend_io_and_export() {
             other => panic!("block status: {other:?}"),
         }
         // Aligned, unaligned, object-crossing (4 MiB objects) and FUA writes.
-        put(&dev, &mut model, 0, pattern(4096, 1), false).await;
-        put(&dev, &mut model, 12345, pattern(70001, 2), false).await;
-        put(&dev, &mut model, (4 << 20) - 5000, pattern(10000, 3), true).await;
-        put(&dev, &mut model, size - 131072, pattern(131072, 4), false).await;
+        put(&dev, &mut model, 0, random_bytes(4096, 1), false).await;
+        put(&dev, &mut model, 12345, random_bytes(70001, 2), false).await;
+        put(
+            &dev,
+            &mut model,
+            (4 << 20) - 5000,
+            random_bytes(10000, 3),
+            true,
+        )
+        .await;
+        put(
+            &dev,
+            &mut model,
+            size - 131072,
+            random_bytes(131072, 4),
+            false,
+        )
+        .await;
         assert_eq!(dev.flush().await, Ok(Reply::Done(0)));
         for (o, l) in [
             (0, 4096),
@@ -121,7 +124,7 @@ fn rbd_backend_io_and_export() {
         check(&dev, &model, 0, 100000).await;
         check(&dev, &model, (4 << 20) - 6000, 12000).await;
         // Trim of a whole object: reads back zeroes (librbd removes it).
-        put(&dev, &mut model, 8 << 20, pattern(4 << 20, 5), false).await;
+        put(&dev, &mut model, 8 << 20, random_bytes(4 << 20, 5), false).await;
         let t = dev.submit(Request::Trim {
             offset: 8 << 20,
             len: 4 << 20,
@@ -135,7 +138,7 @@ fn rbd_backend_io_and_export() {
         let mut futs = Vec::new();
         for i in 0..512u64 {
             let off = (i * 7919 % 4096) * 4096 + (16 << 20);
-            let data = pattern(4096, 100 + i);
+            let data = random_bytes(4096, 100 + i);
             model[off as usize..off as usize + 4096].copy_from_slice(&data);
             futs.push(dev.write(off, Bytes::from(data), Flags::NONE));
         }

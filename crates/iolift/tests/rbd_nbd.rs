@@ -53,19 +53,13 @@ fn rbd_served_over_nbd() {
     let mut data = random_bytes(24 * MIB, 6);
     data[8 * MIB..10 * MIB].fill(0);
     std::fs::write(w("src.raw"), &data).unwrap();
-    run_ok(cmd("qemu-img").args([
-        "convert",
-        "-n",
-        "-f",
-        "raw",
-        "-O",
-        "raw",
-        &w("src.raw"),
-        &uri,
-    ]));
-    run_ok(cmd("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &w("src.raw"), &uri]));
+    qemu_img_convert(w("src.raw"), &uri);
+    assert!(qemu_img_compare(w("src.raw"), &uri), "NBD export != source");
     let qemu_rbd = format!("rbd:{}/{}:conf={}", cl.pool, cl.image, cl.conf.display());
-    run_ok(cmd("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &uri, &qemu_rbd]));
+    assert!(
+        qemu_img_compare(&uri, &qemu_rbd),
+        "NBD export != qemu's rbd view"
+    );
 
     // fio writes with checksums through iolift and verifies them by reading back.
     run_ok(fio_verify(&uri, "16M", "4k", "randwrite", 16).arg("--offset=32M"));
@@ -88,18 +82,12 @@ fn rbd_served_over_nbd() {
     // nbdcopy back in (a second writer path), compared with qemu's rbd driver.
     let back = random_bytes(4 * MIB, 9);
     std::fs::write(w("back.raw"), &back).unwrap();
-    run_ok(cmd("qemu-img").args([
-        "convert",
-        "-n",
-        "-f",
-        "raw",
-        "-O",
-        "raw",
-        &w("back.raw"),
-        &uri,
-    ]));
+    qemu_img_convert(w("back.raw"), &uri);
     run_ok(cmd("nbdcopy").args([&w("back.raw"), &uri]));
-    run_ok(cmd("qemu-img").args(["compare", "-f", "raw", "-F", "raw", &uri, &qemu_rbd]));
+    assert!(
+        qemu_img_compare(&uri, &qemu_rbd),
+        "NBD export != qemu's rbd view"
+    );
     drop(srv);
 }
 

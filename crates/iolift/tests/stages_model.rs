@@ -23,6 +23,7 @@
 use bytes::Bytes;
 use iolift::backend::memory::MemoryDev;
 use iolift::block::{BlockDev, DevRef, Flags, Reply, Request};
+use iolift_testkit::Rng;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,20 +31,6 @@ use std::time::Duration;
 const SECTOR: u64 = 512;
 const DEV: u64 = 192 * 1024;
 const NSECT: usize = (DEV / SECTOR) as usize;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn stamp(id: u64, sector: u64, out: &mut [u8]) {
     out[..8].copy_from_slice(&id.to_le_bytes());
@@ -203,7 +190,7 @@ fn lock(m: &M) -> std::sync::MutexGuard<'_, Model> {
 /// Runs `n` random ops against `dev`. With `crash`, ends with a flush and
 /// returns its start time once acknowledged.
 async fn worker(dev: DevRef, m: M, seed: u64, n: usize) -> Result<Option<u64>, String> {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     for _ in 0..n {
         let s0 = r.below(NSECT as u64) as usize;
         let ns = (1 + r.below(24) as usize).min(NSECT - s0);
@@ -363,7 +350,7 @@ fn run_stack(stack: &[&str], seed: u64) {
                 hs.push(tokio::spawn(worker(dev.clone(), m.clone(), s, OPS)));
             }
             // The crasher: runs its own ops, then flushes and crashes.
-            let mut r = Rng(seed ^ round);
+            let mut r = Rng::new(seed ^ round);
             let dev2 = dev.clone();
             let m2 = m.clone();
             let mine = OPS / 2 + r.below(OPS as u64) as usize;

@@ -6,11 +6,16 @@
 //!   sanity peer) on a unique unix socket in a fresh temp dir (optionally also
 //!   TCP on a free loopback port), wait until it speaks NBD, give URIs for
 //!   libnbd/qemu clients, and SIGTERM + wait on drop (SIGKILL after a timeout).
-//! - [`require_tool`] / [`python3_nbd`]: a missing peer tool fails the test
-//!   with "missing X: run scripts/test.sh, which installs it" (never skips).
-//! - [`run_ok`] / [`run_fail`] / [`run_timeout`]: run a command with a time
-//!   limit and assert on its exit status, showing its output on failure.
-//! - data helpers: [`random_bytes`], [`write_random_file`], [`sha256_file`].
+//! - [`python3_nbd`], [`nbdsh`], [`run_python`]: libnbd's python side.
+//! - re-exported from iolift-testkit (the helpers every crate shares):
+//!   [`require_tool`] (a missing peer tool fails the test with "missing X:
+//!   run scripts/test.sh, which installs it"; never a skip), [`cmd`],
+//!   [`run_ok`] / [`run_fail`] / [`run_timeout`] (run a command with a time
+//!   limit and assert on its exit status, showing its output on failure),
+//!   [`Rng`], [`random_bytes`], [`write_random_file`], [`sha256_file`],
+//!   [`parse_size`], and the kernel helpers ([`require_root`], [`Mount`],
+//!   [`is_mounted`], [`mkfs_ext4`], [`fsck_clean`], [`sync`]) and
+//!   [`qemu_img_convert`] / [`qemu_img_compare`].
 //! - [`heavy`]: a process-wide lock for CPU-heavy tests (fio), so that a
 //!   2-core CI machine does not run several of them at once.
 //!
@@ -19,8 +24,14 @@
 //! this checks the tests themselves against a known-good server.
 //!
 //! Keep this API stable: other test files (stages, FUSE, RBD) use it.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
+pub use iolift_testkit::{
+    cmd, find_tool, fsck_clean, is_mounted, mkfs_ext4, parse_size, qemu_img_compare,
+    qemu_img_convert, random_bytes, require_root, require_tool, run_capture, run_fail, run_ok,
+    run_timeout, sha256_file, sync, umount_lazy, wait_child, write_random_file, Mount, Out, Rng,
+    CMD_TIMEOUT,
+};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read, Write};
@@ -35,8 +46,6 @@ use std::time::{Duration, Instant};
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a server may take to exit after SIGTERM before it is killed.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(20);
-/// Default time limit of [`run_ok`] / [`run_fail`].
-pub const CMD_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The iolift binary cargo built for this test run.
 pub fn iolift_bin() -> PathBuf {
@@ -56,32 +65,6 @@ pub fn python_script(name: &str) -> PathBuf {
     let p = repo_root().join("tests/python").join(name);
     assert!(p.exists(), "missing test script {}", p.display());
     p
-}
-
-/// Finds `name` on PATH (or as an absolute path); panics if it is missing.
-pub fn require_tool(name: &str) -> PathBuf {
-    if let Some(p) = find_tool(name) {
-        return p;
-    }
-    panic!("missing {name}: run scripts/test.sh, which installs it");
-}
-
-/// Finds `name` on PATH without panicking.
-pub fn find_tool(name: &str) -> Option<PathBuf> {
-    let p = Path::new(name);
-    if p.is_absolute() {
-        return p.exists().then(|| p.to_path_buf());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in
-        std::env::split_paths(&path).chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-    {
-        let c = dir.join(name);
-        if c.is_file() {
-            return Some(c);
-        }
-    }
-    None
 }
 
 /// A python3 interpreter that can `import nbd` (python3-libnbd). Prefers the
@@ -331,6 +314,7 @@ impl ServerBuilder {
             .unwrap_or_else(|e| panic!("cannot start {cmdline}: {e}"));
         let mut s = Server {
             child: Some(child),
+            exited: None,
             peer: self.peer,
             socket: self.socket.then_some(sock),
             tcp,
@@ -366,22 +350,11 @@ fn nbdkit_plugin(spec: &str, dir: &Path) -> Vec<String> {
     }
 }
 
-/// Parses `4096`, `64k`, `32M`, `1G` (powers of 1024).
-pub fn parse_size(s: &str) -> u64 {
-    let s = s.trim();
-    let (n, m) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    n.parse::<u64>().expect("size") * m
-}
-
 /// A running server; SIGTERM + wait on drop.
 pub struct Server {
     child: Option<Child>,
+    /// How the process ended, once it has been reaped.
+    exited: Option<ExitStatus>,
     peer: Peer,
     socket: Option<PathBuf>,
     tcp: Option<SocketAddr>,
@@ -541,7 +514,9 @@ impl Server {
     }
 
     /// SIGTERM, then waits up to [`STOP_TIMEOUT`] (SIGKILL after that, and
-    /// panics). Returns the exit status.
+    /// panics). Returns the exit status: for a server that had already died
+    /// (crashed, or killed by [`Self::signal`]) how it died, not a clean
+    /// exit; for one already stopped, the status it exited with then.
     pub fn stop(&mut self) -> ExitStatus {
         self.signal(libc::SIGTERM);
         match self.wait_exit(STOP_TIMEOUT) {
@@ -554,27 +529,24 @@ impl Server {
         }
     }
 
-    /// Waits for the process to exit by itself, up to `t`.
+    /// Waits for the process to exit by itself, up to `t`, and reaps it;
+    /// None if it still runs then. Once reaped, returns the same status.
     pub fn wait_exit(&mut self, t: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + t;
-        let c = self.child.as_mut()?;
-        loop {
-            if let Ok(Some(st)) = c.try_wait() {
-                self.child = None;
-                return Some(st);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let Some(c) = self.child.as_mut() else {
+            return self.exited;
+        };
+        let st = wait_child(c, t)?;
+        self.child = None;
+        self.exited = Some(st);
+        Some(st)
     }
 
-    /// SIGKILL and reap; returns the status (None if already gone).
+    /// SIGKILL and reap; returns the status (None if already reaped).
     pub fn kill9(&mut self) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
         let _ = c.kill();
-        c.wait().ok()
+        self.exited = c.wait().ok();
+        self.exited
     }
 
     /// Number of open file descriptors of the server (from /proc/PID/fd).
@@ -632,94 +604,6 @@ impl Drop for Server {
     }
 }
 
-/// Output of a finished command, as text.
-#[derive(Debug)]
-pub struct Out {
-    pub status: ExitStatus,
-    pub stdout: String,
-    pub stderr: String,
-    pub cmdline: String,
-}
-
-impl Out {
-    /// stdout + stderr, for messages.
-    pub fn all(&self) -> String {
-        format!("{}{}", self.stdout, self.stderr)
-    }
-    fn report(&self) -> String {
-        format!(
-            "command: {}\nstatus: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.cmdline, self.status, self.stdout, self.stderr
-        )
-    }
-}
-
-/// `Command::new(prog)` after [`require_tool`] finds it.
-pub fn cmd(prog: &str) -> Command {
-    Command::new(require_tool(prog))
-}
-
-/// Runs `c` (stdin from /dev/null) with a time limit; kills it and panics on timeout.
-pub fn run_timeout(c: &mut Command, t: Duration) -> Out {
-    let cmdline = format!("{c:?}");
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmdline}: {e}"));
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let ho = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let he = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + t;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let o = String::from_utf8_lossy(&ho.join().unwrap()).into_owned();
-            let e = String::from_utf8_lossy(&he.join().unwrap()).into_owned();
-            panic!("command timed out after {t:?}: {cmdline}\n--- stdout ---\n{o}\n--- stderr ---\n{e}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Out {
-        status,
-        stdout: String::from_utf8_lossy(&ho.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&he.join().unwrap()).into_owned(),
-        cmdline,
-    }
-}
-
-/// Runs `c` and asserts it exits 0 (shows its output otherwise).
-pub fn run_ok(c: &mut Command) -> Out {
-    let o = run_timeout(c, CMD_TIMEOUT);
-    assert!(o.status.success(), "command failed\n{}", o.report());
-    o
-}
-
-/// Runs `c` and asserts it exits non-zero (not by a signal).
-pub fn run_fail(c: &mut Command) -> Out {
-    let o = run_timeout(c, CMD_TIMEOUT);
-    assert!(
-        !o.status.success() && o.status.code().is_some(),
-        "command should have failed with an exit code\n{}",
-        o.report()
-    );
-    o
-}
-
 /// `nbdsh` with PATH set so that its `python3` is one that has libnbd
 /// (nbdsh runs `python3 -mnbd`; a pyenv/venv python3 first on PATH lacks it).
 pub fn nbdsh() -> Command {
@@ -740,35 +624,6 @@ pub fn run_python(name: &str, args: &[&str]) -> Out {
     let mut c = Command::new(py);
     c.arg(python_script(name)).args(args);
     run_ok(&mut c)
-}
-
-/// `len` pseudo-random bytes from `seed` (xorshift64*; deterministic).
-pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-/// Writes `len` pseudo-random bytes to `path`.
-pub fn write_random_file(path: &Path, len: usize, seed: u64) {
-    fs::write(path, random_bytes(len, seed)).expect("write random file");
-}
-
-/// sha256 of a file, as lowercase hex (via `sha256sum`).
-pub fn sha256_file(path: &Path) -> String {
-    let o = run_ok(Command::new("sha256sum").arg(path));
-    o.stdout
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// fio 4k random writes with crc32c verification through an NBD URI

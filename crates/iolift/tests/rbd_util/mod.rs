@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 pub struct Cluster {
     dir: tempfile::TempDir,
@@ -19,15 +19,10 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-local.sh")
 }
 
+/// A missing Ceph tool fails the test (never a skip).
 fn need(tool: &str) {
-    let ok = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
     assert!(
-        ok,
+        iolift_testkit::find_tool(tool).is_some(),
         "missing {tool}: run scripts/test.sh, which installs the Ceph packages"
     );
 }
@@ -57,7 +52,7 @@ impl Cluster {
             dir,
             pool: "rbd".into(),
             image: "img".into(),
-            image_size: parse_size(image_size),
+            image_size: iolift_testkit::parse_size(image_size),
         };
         if !out.0 {
             panic!("ceph-local.sh start failed:\n{}", out.1);
@@ -143,47 +138,13 @@ impl Drop for Cluster {
     }
 }
 
-/// Runs a command with a time limit: (success, stdout+stderr).
+/// Runs a command with a time limit: (success, stdout+stderr, plus a line
+/// saying so when it timed out and was killed).
 pub fn run_limited(c: &mut Command, t: Duration) -> (bool, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (o, e) = (dir.path().join("o"), dir.path().join("e"));
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&o).unwrap())
-        .stderr(std::fs::File::create(&e).unwrap())
-        .spawn()
-        .unwrap_or_else(|err| panic!("cannot run {c:?}: {err}"));
-    let deadline = Instant::now() + t;
-    let st = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break Some(st);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let text = format!(
-        "{}{}{}",
-        std::fs::read_to_string(&o).unwrap_or_default(),
-        std::fs::read_to_string(&e).unwrap_or_default(),
-        if st.is_none() {
-            format!("\n(timed out after {t:?}: {c:?})")
-        } else {
-            String::new()
-        }
-    );
-    (st.map(|s| s.success()).unwrap_or(false), text)
-}
-
-pub fn parse_size(s: &str) -> u64 {
-    let (n, m) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M') => (&s[..s.len() - 1], 1 << 20),
-        Some('G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    n.parse::<u64>().expect("size") * m
+    let o = iolift_testkit::run_capture(c, t);
+    let mut text = o.all();
+    if o.timed_out {
+        text.push_str(&format!("\n(timed out after {t:?}: {})", o.cmdline));
+    }
+    (o.status.success() && !o.timed_out, text)
 }
