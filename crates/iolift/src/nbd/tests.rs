@@ -908,29 +908,8 @@ async fn inflight_cap_bounds_a_client_that_never_reads() {
 
 // ------------------------------------------------------- fuzz harness
 
-/// xorshift64*: a tiny deterministic generator for the fuzz harness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+// The fuzz harness's generator: iolift-testkit's seeded xorshift64*.
+use iolift_testkit::Rng;
 
 fn fuzz_iters(default: u64) -> u64 {
     std::env::var("IOLIFT_FUZZ_ITERS")
@@ -1007,7 +986,7 @@ fn seed_options(r: &mut Rng) -> (u32, Vec<u8>) {
 #[test]
 fn fuzz_parsers() {
     let iters = fuzz_iters(20_000);
-    let mut r = Rng(fuzz_seed());
+    let mut r = Rng::new(fuzz_seed());
     let s = session();
     for _ in 0..iters {
         // Random bytes to every fixed-size parser.
@@ -1028,7 +1007,7 @@ fn fuzz_parsers() {
         let mut h = req_bytes(
             1 << r.below(6),
             cmd,
-            r.next(),
+            r.next_u64(),
             r.below(2 << 20),
             r.below(1 << 17) as u32,
         );
@@ -1089,7 +1068,7 @@ fn seed_stream(r: &mut Rng) -> Vec<u8> {
         let cmd = r.below(9) as u16;
         let len = [0, 1, 512, 4096, 65536][r.below(5) as usize];
         let off = [0, 4096, (1 << 20) - 1, 1 << 20, u64::MAX][r.below(5) as usize];
-        v.extend(req_bytes(1 << r.below(6) >> 1, cmd, r.next(), off, len));
+        v.extend(req_bytes(1 << r.below(6) >> 1, cmd, r.next_u64(), off, len));
         if cmd == CMD_WRITE {
             v.extend(r.bytes(len as usize));
         }
@@ -1108,7 +1087,7 @@ async fn fuzz_live_server() {
         ..ServerCfg::default()
     };
     let ts = start(vec![mem_export("", 1 << 20, false)], None, cfg).await;
-    let mut r = Rng(fuzz_seed() ^ 0x5eed);
+    let mut r = Rng::new(fuzz_seed() ^ 0x5eed);
     for i in 0..iters {
         let stream = seed_stream(&mut r);
         let stream = if i % 4 == 0 {
