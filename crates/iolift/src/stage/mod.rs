@@ -22,10 +22,6 @@ pub mod scheduler;
 pub mod stats;
 mod timer;
 
-/// The metrics registry moved to [`crate::metrics`] (it is not a stage);
-/// this name is kept for code that still reaches it here.
-pub use crate::metrics;
-
 /// One kind of stage.
 pub struct StageKind {
     pub name: &'static str,
