@@ -25,7 +25,7 @@ macro_rules! kernels {
 }
 
 // The registration line: one name per kernel module.
-kernels!(crush);
+kernels!(crush, ec);
 
 /// A batchable kernel: what one task takes and gives, and how a batch of
 /// tasks runs on each kind of device.

@@ -1,0 +1,158 @@
+//! kernels/ec.cu built by the host C++ compiler (its CUDA shims emulate the
+//! grid block by block, thread by thread) against the iolift-ec CPU codec:
+//! large random batches of stripes, several profiles and grid shapes, every
+//! parity byte compared.
+
+use iolift_ec::{Codec, Profile};
+use iolift_offload::kernels::ec::{check_batch, grid, tables, BLOCK};
+use std::path::Path;
+use std::process::Command;
+
+type EncodeFn = unsafe extern "C" fn(
+    tables: *const u8,
+    data: *const u32,
+    parity: *mut u32,
+    k: u32,
+    rows: u32,
+    len: u32,
+    stripes: u32,
+    grid_dim: u32,
+    block_dim: u32,
+);
+
+struct Host {
+    encode: EncodeFn,
+    _lib: libloading::Library,
+    _dir: tempfile::TempDir,
+}
+
+fn host() -> Host {
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("libec_host.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/ec.cu");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fPIC",
+            "-shared",
+            "-x",
+            "c++",
+        ])
+        .arg(&src)
+        .arg("-o")
+        .arg(&so)
+        .output()
+        .unwrap_or_else(|e| panic!("{cxx} not runnable ({e}): install g++ (build-essential)"));
+    assert!(
+        out.status.success(),
+        "{cxx} failed on kernels/ec.cu:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: our own freshly built library; the type matches ec_host_encode.
+    unsafe {
+        let lib = libloading::Library::new(&so).unwrap();
+        let encode = *lib.get::<EncodeFn>(b"ec_host_encode\0").unwrap();
+        Host {
+            encode,
+            _lib: lib,
+            _dir: dir,
+        }
+    }
+}
+
+fn random_words(n: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 16) as u32
+        })
+        .collect()
+}
+
+fn bytes(w: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding; the length is in bytes of the same memory.
+    unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, w.len() * 4) }
+}
+
+#[test]
+fn host_kernel_matches_cpu_codec() {
+    let h = host();
+    for (seed, (profile, len, stripes)) in (1u64..).zip([
+        (
+            "plugin=jerasure,technique=reed_sol_van,k=8,m=4",
+            4096usize,
+            96usize,
+        ),
+        ("plugin=jerasure,technique=reed_sol_van,k=12,m=4", 1024, 40),
+        ("plugin=jerasure,technique=reed_sol_r6_op,k=6,m=2", 4100, 17),
+        ("plugin=isa,technique=reed_sol_van,k=10,m=4", 65536, 6),
+        ("plugin=isa,technique=cauchy,k=4,m=2", 32, 501),
+        ("plugin=isa,technique=cauchy,k=12,m=9", 256, 33),
+    ]) {
+        let p = Profile::parse(profile).unwrap();
+        let codec = Codec::new(&p).unwrap();
+        let (k, rows) = (p.k, p.m);
+        let t = tables(&codec.parity_matrix());
+        let data = random_words(stripes * k * len / 4, seed);
+        // CPU reference, stripe by stripe.
+        let db = bytes(&data);
+        let mut want = vec![0u8; stripes * rows * len];
+        for s in 0..stripes {
+            let srcs: Vec<&[u8]> = (0..k)
+                .map(|j| &db[(s * k + j) * len..(s * k + j + 1) * len])
+                .collect();
+            let mut outs: Vec<&mut [u8]> = want[s * rows * len..(s + 1) * rows * len]
+                .chunks_mut(len)
+                .collect();
+            codec.encode(&srcs, &mut outs).unwrap();
+        }
+        check_batch(k, rows, len, stripes, data.len() * 4, want.len()).unwrap();
+        // The full grid, and small grids that make threads loop.
+        for blocks in [grid(len, stripes, 65535), 3, 1] {
+            for block in [BLOCK, 32] {
+                let mut parity = vec![0xdeadbeefu32; stripes * rows * len / 4];
+                // SAFETY: buffers sized as ec.cu expects (checked above).
+                unsafe {
+                    (h.encode)(
+                        t.as_ptr(),
+                        data.as_ptr(),
+                        parity.as_mut_ptr(),
+                        k as u32,
+                        rows as u32,
+                        len as u32,
+                        stripes as u32,
+                        blocks,
+                        block,
+                    )
+                };
+                let got = bytes(&parity);
+                if let Some(at) = got.iter().zip(&want).position(|(a, b)| a != b) {
+                    panic!("{profile} len={len} stripes={stripes} grid {blocks}x{block}: byte {at} differs");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_shape_checks() {
+    assert!(check_batch(4, 2, 30, 1, 120, 60)
+        .unwrap_err()
+        .contains("multiple of 4"));
+    assert!(check_batch(4, 17, 32, 1, 128, 544)
+        .unwrap_err()
+        .contains("17 parity rows"));
+    assert!(check_batch(4, 2, 32, 2, 128, 128)
+        .unwrap_err()
+        .contains("buffers"));
+    assert_eq!(grid(4096, 8, 65535), 32);
+    assert_eq!(grid(4096, 8, 4), 4);
+}
