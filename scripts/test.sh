@@ -35,6 +35,8 @@ PACKAGES=(
     cpio            # scripts/vm/guest.sh: packs the initramfs
     kmod            # scripts/vm/guest.sh: depmod/modprobe on the unpacked kernel's modules
     g++             # iolift-offload: crates/iolift-offload/kernels/crush.cu built for the host (tests/host_kernel.rs)
+    libisal2        # iolift-ec: ISA-L loaded at run time (ec_encode_data); the codec tests compare it with iolift's own kernels
+    libjerasure2    # bench/ec.sh: jerasure, the second peer of `iolift ec bench`
 )
 # ---------------------------------------------------------------------------
 
