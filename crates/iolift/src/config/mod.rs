@@ -121,9 +121,6 @@ pub struct Flags {
     /// default export) or `--fuse NAME=FILE` (repeatable; root). See docs/fuse.md.
     #[arg(long = "fuse", value_name = "[NAME=]FILE")]
     pub fuse: Vec<String>,
-    /// `--ublk[=NAME]`, `--ublk-queues`, `--ublk-depth` (see docs/ublk.md).
-    #[command(flatten)]
-    pub ublk: crate::ublk::UblkFlags,
 }
 
 /// A size given as a number of bytes or a string such as "32M".
@@ -270,8 +267,6 @@ pub struct Settings {
     /// FUSE block files, resolved to their exports.
     pub fuse: Vec<FuseFile>,
     pub metrics: Option<String>,
-    /// ublk devices: which exports, how.
-    pub ublk: crate::ublk::UblkPlan,
 }
 
 impl Settings {
@@ -387,7 +382,6 @@ impl Settings {
                 file,
             });
         }
-        let ublk = crate::ublk::UblkPlan::resolve(&f.ublk, &names, default_export.as_deref())?;
         Ok(Settings {
             exports,
             default_export,
@@ -400,7 +394,6 @@ impl Settings {
             pidfile: f.pidfile.clone().or(cfg.pidfile.clone()),
             fuse,
             metrics,
-            ublk,
         })
     }
 }
