@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod attach;
+pub mod crash_states;
 pub mod crush;
 pub mod ec;
 pub mod list;
@@ -37,6 +38,8 @@ pub enum Cmd {
     Attach(attach::AttachArgs),
     /// Undo `attach`: unbind the loop device, flush, unmount, stop the server.
     Detach(attach::DetachArgs),
+    /// Replay a `log-writes` log: check every state a power loss can leave.
+    CrashStates(crash_states::CrashStatesArgs),
     /// List the stages (`--stage NAME:key=value,...`) and their options.
     Stages(list::ListArgs),
     /// List the backends (`KIND:ARG,key=value,...`) and their options.
@@ -59,6 +62,7 @@ pub fn main() -> ExitCode {
         Cmd::Ec(a) => ec::run(a),
         Cmd::Attach(a) => attach::run_attach(a),
         Cmd::Detach(a) => attach::run_detach(a),
+        Cmd::CrashStates(a) => crash_states::run(a),
         Cmd::Stages(a) => list::run_stages(a),
         Cmd::Backends(a) => list::run_backends(a),
         Cmd::Offload(a) => offload::run(a),
