@@ -37,7 +37,7 @@ pub enum Kind {
     Choice(&'static [&'static str]),
     /// A label: letters, digits, `_`, `-`, `.`.
     Label,
-    /// A flag: bare `key`, or `key=` one of 1/0, true/false, yes/no, on/off.
+    /// A flag: a bare `key`, or `key=` with 1/0, true/false, yes/no or on/off.
     Flag,
     /// Free text (a path, a user name), shown as the given placeholder.
     Text(&'static str),
@@ -95,7 +95,7 @@ impl OptHelp {
 }
 
 /// Renders an option table as help lines, one option a line:
-/// `  size=SIZE      default 32M    bytes of blocks held`.
+/// `    size=SIZE      default 32M    bytes of blocks held`.
 pub fn render_help(options: &[OptHelp]) -> String {
     let w = options.iter().map(|o| o.usage().len()).max().unwrap_or(0);
     let d = options.iter().map(|o| o.default.len()).max().unwrap_or(0);
@@ -160,11 +160,6 @@ impl Opts {
         })
     }
 
-    /// The stage or backend these options belong to.
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
     /// `stage cache: option size: MSG`, an error about option `key`.
     pub fn err(&self, key: &str, msg: impl std::fmt::Display) -> anyhow::Error {
         anyhow!("{}: {msg}", self.ctx(key))
@@ -178,11 +173,19 @@ impl Opts {
     /// (else fails listing them), a value where one is needed, a value of
     /// the declared kind.
     pub fn check(&self, known: &[OptHelp]) -> Result<()> {
-        let names: Vec<&str> = known.iter().map(|o| o.name).collect();
-        self.check_names(&names)?;
         for (k, v) in &self.items {
             let Some(o) = known.iter().find(|o| o.name == k) else {
-                continue;
+                let names: Vec<&str> = known.iter().map(|o| o.name).collect();
+                let names = if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                };
+                bail!(
+                    "{} {}: unknown option {k:?} (known: {names})",
+                    self.family,
+                    self.owner
+                );
             };
             match v {
                 None if o.kind != Kind::Flag => {
@@ -190,25 +193,6 @@ impl Opts {
                 }
                 None => {}
                 Some(v) => o.kind.check(v).with_context(|| self.ctx(k))?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Fails naming the first key not in `known`, and listing `known`.
-    fn check_names(&self, known: &[&str]) -> Result<()> {
-        for (k, _) in &self.items {
-            if !known.contains(&k.as_str()) {
-                let names = if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                };
-                bail!(
-                    "{} {}: unknown option {k:?} (known: {names})",
-                    self.family,
-                    self.owner
-                );
             }
         }
         Ok(())
