@@ -1,5 +1,5 @@
 //! Stages: devices that wrap the device below them (cache, scheduler, stats,
-//! delay, error), like nbdkit filters.
+//! delay, error, log-writes: the [`STAGES`] table), like nbdkit filters.
 //!
 //! A stage is named by a spec `NAME[:key=value,...]`, e.g. `cache:size=32M`.
 //! `--stage a --stage b` puts `a` on top: a request flows a -> b -> backend.
