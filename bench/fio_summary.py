@@ -2,7 +2,8 @@
 """Summarises bench/nbd.sh results: fio --output-format=json files named
 SERVER_REP_JOB.json plus SERVER_REP_JOB.cpu (server CPU clock ticks over
 the job). Prints medians per server and iolift/nbdkit ratios, and checks the
-targets from issue 2.
+targets (>= 1.5x nbdkit's IOPS at 4k QD32, QD1 p50 <= nbdkit's, server CPU
+per I/O <= 0.7x nbdkit's).
 
 usage: fio_summary.py DIR [--clk-tck 100] [--repeats R] [--json OUT]
 """
@@ -131,7 +132,7 @@ def main():
     for r in rows:
         print("  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r)))
 
-    # targets (issue 2)
+    # targets
     def get(job, key, who="ratio"):
         return summary.get(job, {}).get(key, {}).get(who)
 

@@ -10,7 +10,7 @@
 # export, fill it with fio (so reads return real data), then run
 #   4k randread/randwrite at iodepth 1 (IOPS, p50/p99 completion latency),
 #   4k randread/randwrite at iodepth 32 (IOPS), from one fio process and
-#     connection (the issue's target) and from two (`..._qd32x2`, the
+#     connection (the target) and from two (`..._qd32x2`, the
 #     total of both: one fio process is the limit at QD32 on this
 #     machine, two show more of what the server costs),
 #   128k sequential read/write at iodepth 8 (MB/s),
