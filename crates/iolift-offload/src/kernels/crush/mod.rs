@@ -23,8 +23,8 @@ use crate::device::{Device, Launch};
 use crate::error::{OffloadError, Result};
 use flat::{FlatMap, LEN_FALLBACK, MAX_RESULT};
 use iolift_crush::map::ChooseArgMap;
-use iolift_osdmap::placement::{pg_mask, pg_to_pps, Pool};
 use iolift_crush::{do_rule, CrushMap, Workspace};
+use iolift_osdmap::placement::{pg_mask, pg_to_pps, Pool};
 use std::sync::Arc;
 
 /// `crates/iolift-offload/kernels/crush.cu`: CRUSH do_rule (throughput +
@@ -305,8 +305,27 @@ impl Launch for MapJob<'_> {
     }
 }
 
-fn run_map(dev: &dyn Device, mut job: MapJob) -> Result<Mapping> {
-    check_args(job.h, job.rule, job.result_max)?;
+/// Map on processing element `pe`, or on the whole device (`None`).
+#[allow(clippy::too_many_arguments)]
+fn run_map(
+    dev: &dyn Device,
+    pe: Option<usize>,
+    h: &MapHandle,
+    rule: i32,
+    inputs: Inputs,
+    result_max: usize,
+    weights: &[u32],
+) -> Result<Mapping> {
+    check_args(h, rule, result_max)?;
+    let mut job = MapJob {
+        h,
+        rule,
+        inputs,
+        result_max,
+        weights,
+        pe,
+        out: None,
+    };
     dev.launch(&mut job);
     job.out.unwrap_or_else(|| {
         Err(OffloadError::Invalid(format!(
@@ -327,18 +346,7 @@ pub fn map_on(
     result_max: usize,
     weights: &[u32],
 ) -> Result<Mapping> {
-    run_map(
-        dev,
-        MapJob {
-            h,
-            rule,
-            inputs,
-            result_max,
-            weights,
-            pe: Some(pe),
-            out: None,
-        },
-    )
+    run_map(dev, Some(pe), h, rule, inputs, result_max, weights)
 }
 
 /// Map a batch using the whole device (all workers / the GPU).
@@ -350,18 +358,7 @@ pub fn map(
     result_max: usize,
     weights: &[u32],
 ) -> Result<Mapping> {
-    run_map(
-        dev,
-        MapJob {
-            h,
-            rule,
-            inputs,
-            result_max,
-            weights,
-            pe: None,
-            out: None,
-        },
-    )
+    run_map(dev, None, h, rule, inputs, result_max, weights)
 }
 
 /// Whole-pool mapping: every PG 0..pg_num of `pool` through `rule`,
