@@ -255,12 +255,18 @@ impl Drop for FixedBuf {
     }
 }
 
-/// The memory of one request: an aligned buffer, a registered buffer, or
-/// (writes only) a plain vector.
+/// Read-only bytes owned elsewhere (a network payload), written as they are.
+pub type SharedBytes = Box<dyn AsRef<[u8]> + Send + Sync>;
+
+/// The memory of one request: an aligned buffer, a registered buffer, a
+/// plain vector, or (writes only) shared read-only bytes.
 pub enum Buf {
     Aligned(AlignedBuf),
     Fixed(FixedBuf),
     Vec(Vec<u8>),
+    /// Write-only: a read into it completes with -EINVAL, and it cannot be
+    /// borrowed mutably (`DerefMut` panics: a caller's mistake).
+    Shared(SharedBytes),
 }
 
 impl Buf {
@@ -269,6 +275,7 @@ impl Buf {
             Buf::Aligned(b) => b.len(),
             Buf::Fixed(b) => b.len(),
             Buf::Vec(v) => v.len(),
+            Buf::Shared(b) => (**b).as_ref().len(),
         }
     }
 
@@ -276,12 +283,19 @@ impl Buf {
         self.len() == 0
     }
 
-    pub(crate) fn ptr(&mut self) -> *mut u8 {
+    /// The memory to read into; None for shared bytes.
+    pub(crate) fn ptr_mut(&mut self) -> Option<*mut u8> {
         match self {
-            Buf::Aligned(b) => b.as_mut_ptr(),
-            Buf::Fixed(b) => b.ptr,
-            Buf::Vec(v) => v.as_mut_ptr(),
+            Buf::Aligned(b) => Some(b.as_mut_ptr()),
+            Buf::Fixed(b) => Some(b.ptr),
+            Buf::Vec(v) => Some(v.as_mut_ptr()),
+            Buf::Shared(_) => None,
         }
+    }
+
+    /// The memory to write from.
+    pub(crate) fn ptr(&self) -> *const u8 {
+        self.as_ref().as_ptr()
     }
 
     /// The registered buffer index, for a fixed buffer.
@@ -300,6 +314,7 @@ impl std::ops::Deref for Buf {
             Buf::Aligned(b) => b,
             Buf::Fixed(b) => b,
             Buf::Vec(v) => v,
+            Buf::Shared(b) => (**b).as_ref(),
         }
     }
 }
@@ -310,7 +325,20 @@ impl std::ops::DerefMut for Buf {
             Buf::Aligned(b) => b,
             Buf::Fixed(b) => b,
             Buf::Vec(v) => v,
+            Buf::Shared(_) => panic!("Buf::Shared is read-only"),
         }
+    }
+}
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
     }
 }
 

@@ -355,12 +355,17 @@ impl Engine {
 }
 
 impl Drop for Engine {
-    /// Lets every queued request complete, then stops the thread.
+    /// Lets every queued request complete, then stops the thread. Dropped
+    /// on the engine's own thread (the last reference held by a
+    /// completion callback), it only tells the thread to stop after its
+    /// requests complete, without waiting for it.
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.kick();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -499,23 +504,25 @@ impl Worker {
                     .build(),
                 None,
             )),
-            Op::Read { offset, mut buf } | Op::Write { offset, mut buf }
+            Op::Read { offset, buf } | Op::Write { offset, buf }
                 if buf.len() > u32::MAX as usize || offset > i64::MAX as u64 =>
             {
-                let _ = buf.ptr();
                 Err((-libc::EINVAL, Some(buf), false))
             }
             Op::Read { offset, mut buf } => {
                 let len = buf.len() as u32;
+                let Some(ptr) = buf.ptr_mut() else {
+                    return Err((-libc::EINVAL, Some(buf), false));
+                };
                 let e = match buf.fixed_index() {
-                    Some(i) => opcode::ReadFixed::new(fd, buf.ptr(), len, i)
+                    Some(i) => opcode::ReadFixed::new(fd, ptr, len, i)
                         .offset(offset)
                         .build(),
-                    None => opcode::Read::new(fd, buf.ptr(), len).offset(offset).build(),
+                    None => opcode::Read::new(fd, ptr, len).offset(offset).build(),
                 };
                 Ok((e, Some(buf)))
             }
-            Op::Write { offset, mut buf } => {
+            Op::Write { offset, buf } => {
                 let len = buf.len() as u32;
                 let e = match buf.fixed_index() {
                     Some(i) => opcode::WriteFixed::new(fd, buf.ptr(), len, i)

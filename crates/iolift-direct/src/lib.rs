@@ -16,7 +16,7 @@ pub mod engine;
 mod slot;
 pub mod target;
 
-pub use buf::{AlignedBuf, Buf, FixedBuf, FixedPool, PinHook, ALIGN};
+pub use buf::{AlignedBuf, Buf, FixedBuf, FixedPool, PinHook, SharedBytes, ALIGN};
 pub use engine::{Callback, Config, Done, Engine, Op, Stats};
 pub use slot::Pending;
 pub use target::{Direct, Open, Target};

@@ -392,3 +392,22 @@ fn random_io_on_a_loop_device() {
     // Past the end of a block device: 0 bytes.
     assert_eq!(eng.read(4 << 20, 4096).wait().res, 0);
 }
+
+#[test]
+fn shared_bytes_are_written_and_refuse_reads() {
+    let d = tempfile::tempdir().unwrap();
+    let p = image(d.path(), 1 << 16);
+    let eng = Engine::new(open(&p, Direct::Off, None), Config::default()).unwrap();
+    let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+    let w = eng.write(300, Buf::Shared(Box::new(data.clone()))).wait();
+    assert_eq!(w.res, 1000);
+    let r = eng.read(300, 1000).wait();
+    assert_eq!(&r.buf.unwrap()[..1000], &data[..]);
+    let bad = eng
+        .run(Op::Read {
+            offset: 0,
+            buf: Buf::Shared(Box::new(vec![0u8; 10])),
+        })
+        .wait();
+    assert_eq!(bad.res, -libc::EINVAL, "read into shared bytes");
+}

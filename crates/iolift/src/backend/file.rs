@@ -1,10 +1,15 @@
-//! `file:PATH[,size=SIZE][,direct][,ro]`: a regular file or a block device.
+//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll]`:
+//! a regular file or a block device.
 //!
 //! A missing regular file is created sparse with `size`; an existing one is
 //! grown to `size` if smaller. `direct` opens with O_DIRECT (bounce buffers
 //! aligned to 4 KiB). Flush and FUA reach stable storage with fdatasync;
 //! trim punches holes; write-zeroes uses FALLOC_FL_ZERO_RANGE or punches a
 //! hole when holes are allowed.
+//!
+//! Requests run on tokio's blocking thread pool, or with `engine=uring`
+//! reads, writes and flushes go through an io_uring engine
+//! ([`super::file_uring`]) and the rest through the pool.
 
 use super::{BackendSpec, Kind, OptHelp};
 use crate::block::{BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
@@ -21,6 +26,7 @@ const ALIGN: usize = 4096;
 /// The file backend; cheap to share with the blocking pool.
 pub struct FileDev {
     inner: Arc<FileInner>,
+    uring: Option<super::file_uring::UringFile>,
 }
 
 struct FileInner {
@@ -51,7 +57,21 @@ pub const OPTIONS: &[OptHelp] = &[
         default: "off",
         help: "read-only",
     },
+    OptHelp {
+        name: "engine",
+        kind: Kind::Choice(ENGINES),
+        default: "threads",
+        help: "how reads, writes and flushes reach the file: a blocking thread pool, or io_uring (the rest always uses the pool)",
+    },
+    OptHelp {
+        name: "sqpoll",
+        kind: Kind::Flag,
+        default: "off",
+        help: "with engine=uring: a kernel thread polls the submission queue (no system call per submission)",
+    },
 ];
+
+const ENGINES: &[&str] = &["threads", "uring"];
 
 /// The checked spec of one file backend.
 pub struct FileConfig {
@@ -59,6 +79,9 @@ pub struct FileConfig {
     pub size: Option<u64>,
     pub direct: bool,
     pub read_only: bool,
+    /// `engine=uring`.
+    pub uring: bool,
+    pub sqpoll: bool,
 }
 
 pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
@@ -69,22 +92,33 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
         None => None,
         Some(_) => Some(s.opts.size("size", 0)?),
     };
+    let uring = s.opts.choice("engine", ENGINES, "threads")? == "uring";
+    let sqpoll = s.opts.flag("sqpoll")?;
+    if sqpoll && !uring {
+        return Err(s.opts.err("sqpoll", "needs engine=uring"));
+    }
     Ok(FileConfig {
         path: PathBuf::from(&s.arg),
         size,
         direct: s.opts.flag("direct")?,
         read_only: s.opts.flag("ro")?,
+        uring,
+        sqpoll,
     })
 }
 
 pub fn open(s: &BackendSpec) -> Result<DevRef> {
     let c = parse(s)?;
-    Ok(Arc::new(FileDev::open(
-        &c.path,
-        c.size,
-        c.direct,
-        c.read_only,
-    )?))
+    let mut dev = FileDev::open(&c.path, c.size, c.direct, c.read_only)?;
+    if c.uring {
+        dev.uring = Some(super::file_uring::UringFile::open(
+            &c.path,
+            c.direct,
+            c.read_only,
+            c.sqpoll,
+        )?);
+    }
+    Ok(Arc::new(dev))
 }
 
 fn is_block_dev(path: &Path) -> bool {
@@ -97,6 +131,7 @@ impl FileDev {
     pub fn open(path: &Path, size: Option<u64>, direct: bool, read_only: bool) -> Result<Self> {
         Ok(FileDev {
             inner: Arc::new(FileInner::open(path, size, direct, read_only)?),
+            uring: None,
         })
     }
 }
@@ -434,19 +469,19 @@ impl BlockDev for FileDev {
     }
 
     fn submit(&self, req: Request) -> IoFuture {
-        if let Err(e) = req.check_range(self.inner.size) {
+        if let Err(e) = self.admit(&req) {
             return crate::block::ready(Err(e));
         }
-        if self.inner.read_only
-            && matches!(
-                req.kind(),
-                crate::block::OpKind::Write
-                    | crate::block::OpKind::Trim
-                    | crate::block::OpKind::WriteZeroes
-            )
-        {
-            return crate::block::ready(Err(Errno::EPERM));
-        }
+        let req = match &self.uring {
+            Some(u) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                match u.try_submit(req, Box::new(move |c| drop(tx.send(c)))) {
+                    None => return Box::pin(async move { rx.await.unwrap_or(Err(Errno::EIO)) }),
+                    Some((req, _)) => req,
+                }
+            }
+            None => req,
+        };
         let dev = self.inner.clone();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || dev.run(req))
@@ -457,5 +492,41 @@ impl BlockDev for FileDev {
 
     fn name(&self) -> String {
         format!("file({})", self.inner.path.display())
+    }
+
+    /// With engine=uring, completions call back from the engine's thread.
+    fn native_callbacks(&self) -> bool {
+        self.uring.is_some()
+    }
+
+    fn submit_cb(&self, req: Request, cb: crate::block::Callback) {
+        if let Some(u) = &self.uring {
+            if let Err(e) = self.admit(&req) {
+                return cb(Err(e));
+            }
+            if let Some((req, cb)) = u.try_submit(req, cb) {
+                crate::block::drive(self.submit(req), cb);
+            }
+            return;
+        }
+        crate::block::drive(self.submit(req), cb)
+    }
+}
+
+impl FileDev {
+    /// The range check, and EPERM for changes to a read-only file.
+    fn admit(&self, req: &Request) -> Result<(), Errno> {
+        req.check_range(self.inner.size)?;
+        if self.inner.read_only
+            && matches!(
+                req.kind(),
+                crate::block::OpKind::Write
+                    | crate::block::OpKind::Trim
+                    | crate::block::OpKind::WriteZeroes
+            )
+        {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
     }
 }

@@ -13,6 +13,7 @@ pub use crate::spec::{Kind, OptHelp, Opts};
 use anyhow::{bail, Context, Result};
 
 pub mod file;
+pub mod file_uring;
 pub mod memory;
 pub mod null;
 pub mod rbd;
