@@ -34,6 +34,8 @@ PACKAGES=(
     zstd            # scripts/vm/guest.sh: unpacks Debian 13's kernel image
     cpio            # scripts/vm/guest.sh: packs the initramfs
     kmod            # scripts/vm/guest.sh: depmod/modprobe on the unpacked kernel's modules
+    xz-utils        # scripts/vm/guest.sh: unpacks the kernel's .ko.xz modules for the initramfs
+    libclang-dev    # feature iolift/ublk: libublk's bindings are generated with bindgen at build time
     g++             # iolift-offload: crates/iolift-offload/kernels/crush.cu built for the host (tests/host_kernel.rs)
     libisal2        # iolift-ec: ISA-L loaded at run time (ec_encode_data); the codec tests compare it with iolift's own kernels
     libjerasure2    # bench/ec.sh: jerasure, the second peer of `iolift ec bench`
@@ -81,6 +83,7 @@ command -v cargo >/dev/null || { log "cargo not found: install Rust (https://rus
 
 log "cargo $(cargo --version | cut -d' ' -f2), $(nproc) cores, CI=${CI:-}"
 start=$(date +%s)
-cargo build --release --workspace
-cargo test --release --workspace --no-fail-fast "$@"
+# iolift/ublk: `serve --ublk` (docs/ublk.md), tested in a guest (tests/guest_ublk.rs)
+cargo build --release --workspace --features iolift/ublk
+cargo test --release --workspace --features iolift/ublk --no-fail-fast "$@"
 log "suite passed in $(( $(date +%s) - start )) s"

@@ -18,4 +18,5 @@ pub mod metrics;
 pub mod nbd;
 pub mod spec;
 pub mod stage;
+pub mod ublk;
 pub mod util;

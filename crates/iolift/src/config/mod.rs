@@ -121,6 +121,9 @@ pub struct Flags {
     /// default export) or `--fuse NAME=FILE` (repeatable; root). See docs/fuse.md.
     #[arg(long = "fuse", value_name = "[NAME=]FILE")]
     pub fuse: Vec<String>,
+    /// `--ublk[=NAME]`, `--ublk-queues`, `--ublk-depth` (see docs/ublk.md).
+    #[command(flatten)]
+    pub ublk: crate::ublk::UblkFlags,
 }
 
 /// A size given as a number of bytes or a string such as "32M".
@@ -267,6 +270,8 @@ pub struct Settings {
     /// FUSE block files, resolved to their exports.
     pub fuse: Vec<FuseFile>,
     pub metrics: Option<String>,
+    /// ublk devices: which exports, how.
+    pub ublk: crate::ublk::UblkPlan,
 }
 
 impl Settings {
@@ -382,6 +387,7 @@ impl Settings {
                 file,
             });
         }
+        let ublk = crate::ublk::UblkPlan::resolve(&f.ublk, &names, default_export.as_deref())?;
         Ok(Settings {
             exports,
             default_export,
@@ -394,6 +400,7 @@ impl Settings {
             pidfile: f.pidfile.clone().or(cfg.pidfile.clone()),
             fuse,
             metrics,
+            ublk,
         })
     }
 }

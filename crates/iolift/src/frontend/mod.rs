@@ -53,7 +53,7 @@ pub type Start =
     for<'a> fn(&'a Settings, &'a [Arc<Export>]) -> BoxFuture<'a, Result<Option<Box<dyn Frontend>>>>;
 
 /// The front-ends of `iolift serve`, in the order they start and stop.
-pub const SERVE: &[Start] = &[nbd::start, metrics::start, fuse::start];
+pub const SERVE: &[Start] = &[nbd::start, metrics::start, fuse::start, crate::ublk::front::start];
 
 /// Started front-ends plus the pidfile that says they run. Dropping it
 /// releases everything (sockets, mounts, pidfile) without waiting;
