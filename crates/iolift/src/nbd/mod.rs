@@ -56,6 +56,10 @@ pub use crate::export::Export;
 /// (`serve --max-request`; the settings take it from here).
 pub const DEFAULT_MAX_REQUEST: u32 = 32 << 20;
 
+/// Server-wide cap on bytes of requests in flight unless configured
+/// otherwise (`serve --max-inflight`).
+pub const DEFAULT_MAX_INFLIGHT: u64 = 256 << 20;
+
 /// Server-wide settings.
 #[derive(Debug, Clone)]
 pub struct ServerCfg {
@@ -63,6 +67,9 @@ pub struct ServerCfg {
     pub max_request: u32,
     /// Per-connection cap on bytes of requests in flight.
     pub inflight_bytes: u64,
+    /// Server-wide cap on bytes of requests in flight, over every
+    /// connection (`serve --max-inflight`): readers wait for it in turn.
+    pub max_inflight: u64,
     /// A client must finish the handshake within this.
     pub handshake_timeout: Duration,
     /// Poll mode: a connection's reader retries its socket this long
@@ -81,6 +88,7 @@ impl Default for ServerCfg {
         ServerCfg {
             max_request: DEFAULT_MAX_REQUEST,
             inflight_bytes: 64 << 20,
+            max_inflight: DEFAULT_MAX_INFLIGHT,
             handshake_timeout: Duration::from_secs(30),
             poll: Duration::ZERO,
             poll_spinners: 1,
@@ -97,6 +105,10 @@ pub struct Server {
     pub cfg: ServerCfg,
     /// Poll mode: the connections' shared places to poll in.
     pub spin_gate: Arc<poll::SpinGate>,
+    /// The server-wide in-flight budget (`cfg.max_inflight` bytes, at most
+    /// `Semaphore::MAX_PERMITS`); tokio's semaphore serves waiting readers
+    /// in the order they asked.
+    pub budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl Server {
@@ -111,8 +123,14 @@ impl Server {
             exports: exports.into_iter().map(Into::into).collect(),
             default_export,
             spin_gate: poll::SpinGate::new(cfg.poll_spinners.max(1)),
+            budget: Arc::new(tokio::sync::Semaphore::new(budget_bytes(&cfg))),
             cfg,
         }
+    }
+
+    /// Bytes of the server-wide in-flight budget.
+    pub fn budget_cap(&self) -> usize {
+        budget_bytes(&self.cfg)
     }
 
     /// The export a client's name selects.
@@ -162,6 +180,13 @@ impl Server {
             max_request: self.max_request(info),
         }
     }
+}
+
+/// `cfg.max_inflight` as semaphore permits (at least 1, at most
+/// `Semaphore::MAX_PERMITS`).
+fn budget_bytes(cfg: &ServerCfg) -> usize {
+    cfg.max_inflight
+        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS as u64) as usize
 }
 
 /// A bound listening socket.
@@ -232,6 +257,11 @@ pub async fn run(
     }
 }
 
+/// How long the accept loop waits after a failed accept (EMFILE, ...).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// How often a failing accept is logged at most.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(60);
+
 async fn accept_loop(
     server: Arc<Server>,
     l: Listener,
@@ -239,6 +269,7 @@ async fn accept_loop(
 ) -> JoinSet<()> {
     let mut conns = JoinSet::new();
     let mut next_id = 0u64;
+    let mut last_warn: Option<std::time::Instant> = None;
     loop {
         // Reap finished connections so the set does not grow forever.
         while conns.try_join_next().is_some() {}
@@ -262,9 +293,20 @@ async fn accept_loop(
                     conns.spawn(conn::serve(srv, r, w, peer, sd));
                 }
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!("accept on {} failed: {e}", l.describe());
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    // Out of descriptors (EMFILE, ENFILE) or memory: the
+                    // client waits in the kernel's queue while we retry
+                    // every ACCEPT_BACKOFF (never spinning). Logged at most
+                    // once a minute: with every descriptor in use, each
+                    // retry fails, client or not.
+                    if last_warn.is_none_or(|t| t.elapsed() >= ACCEPT_WARN_EVERY) {
+                        tracing::warn!(
+                            "accept on {} failed: {e}; retrying every {ACCEPT_BACKOFF:?} \
+                             (logged at most once a minute)",
+                            l.describe()
+                        );
+                        last_warn = Some(std::time::Instant::now());
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
         }

@@ -15,7 +15,8 @@
 //!   semaphore counted in bytes (4 KiB per request, plus a read's length,
 //!   plus a write's length and one receive chunk, which its payload may
 //!   keep alive), so a client that never reads its replies stops being
-//!   read;
+//!   read; then the same share of the server-wide budget
+//!   (`Server::budget`), so that many such clients together stop at it;
 //! - for a write, splits the payload off the receive buffer as `Bytes` (no
 //!   copy), having first written the replies in its batch if the payload
 //!   has not all arrived; a rejected write's payload is skipped;
@@ -171,6 +172,24 @@ pub(super) async fn transmission<R, W>(
                 _ = super::stopped(&mut shutdown) => break,
             },
         };
+        // Then the same share of the server-wide budget; while waiting for
+        // it the connection is not read (its replies so far go out first).
+        let global = (cost as usize).min(server.budget_cap()) as u32;
+        let global = match server.budget.clone().try_acquire_many_owned(global) {
+            Ok(p) => p,
+            Err(_) => {
+                if !local.is_empty() && !flush_local(&out, &mut local, None, &peer, &mut co).await {
+                    break;
+                }
+                tokio::select! {
+                    p = server.budget.clone().acquire_many_owned(global) => match p {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
+                    _ = super::stopped(&mut shutdown) => break,
+                }
+            }
+        };
         let mut done = Done {
             cookie: h.cookie,
             offset: h.offset,
@@ -178,7 +197,7 @@ pub(super) async fn transmission<R, W>(
             kind: h.cmd,
             req_one: h.flags & CMD_FLAG_REQ_ONE != 0,
             result: Ok(Reply::Done(0)),
-            _permit: Some(permit),
+            _permit: Some((permit, global)),
         };
         let req = match action {
             Action::Disconnect => {

@@ -52,7 +52,9 @@ pub(super) struct Done {
     pub(super) kind: u16,
     pub(super) req_one: bool,
     pub(super) result: Completion,
-    pub(super) _permit: Option<OwnedSemaphorePermit>,
+    /// The request's shares of the connection's and the server's
+    /// in-flight caps, given back when the reply is encoded.
+    pub(super) _permit: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
 }
 
 /// The write half of a connection. Sockets can also be written without

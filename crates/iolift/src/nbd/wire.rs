@@ -428,8 +428,12 @@ pub fn decode_request(h: &RequestHeader, s: &Session) -> Action {
     if h.flags & !known != 0 {
         return reject(Errno::EINVAL);
     }
+    let ro = s.tflags & FLAG_READ_ONLY != 0;
     let fua = h.flags & CMD_FLAG_FUA != 0;
+    // A read-only export advertises no FUA; a FUA write there gets EPERM
+    // below like every other write, not EINVAL for the flag.
     if fua
+        && !ro
         && s.tflags & FLAG_SEND_FUA == 0
         && matches!(h.cmd, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES)
     {
@@ -450,7 +454,6 @@ pub fn decode_request(h: &RequestHeader, s: &Session) -> Action {
     if h.flags & CMD_FLAG_DF != 0 {
         return reject(Errno::EINVAL);
     }
-    let ro = s.tflags & FLAG_READ_ONLY != 0;
     let flags = Flags {
         fua,
         no_hole: h.flags & CMD_FLAG_NO_HOLE != 0,
