@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# File backend engines side by side: `file:IMG,engine=uring` (the io_uring
+# engine of crates/iolift-direct) against the default thread-pool engine,
+# same image, same fio jobs, same run, alternating, medians + ratios, and
+# the peak RSS of each server. Not a test: see docs/direct.md.
+#
+#   bench/direct.sh                        # 3 repeats, 10 s per job, release build
+#   R=5 RUNTIME=5 bench/direct.sh
+#   DIRECT=1 bench/direct.sh               # both engines with O_DIRECT
+#   EXTRA=,sqpoll bench/direct.sh          # options added to the uring side
+#   PROFILE=debug bench/direct.sh          # use the debug build (no release build)
+#   KEEP=1 bench/direct.sh                 # keep the fio JSON files
+#
+# Per repeat and engine: start a fresh `iolift serve` on a unix socket over
+# the same image (SIZE, written once by fio before the first repeat), run
+#   4k randread / randwrite at iodepth 1 and 32 (fio ioengine=nbd, one
+#   connection),
+# record IOPS, p50/p99 completion latency, the server's CPU time per I/O
+# (utime+stime from /proc/PID/stat) and its peak RSS (VmHWM) at the end.
+# The engine order flips every repeat. Summary: medians per engine and the
+# ratio uring/threads.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+R=${R:-3}
+RUNTIME=${RUNTIME:-10}
+SIZE=${SIZE:-1G}
+THREADS=${THREADS:-2}
+PROFILE=${PROFILE:-release}
+TARGET=${CARGO_TARGET_DIR:-target}
+IOLIFT=$TARGET/$PROFILE/iolift
+PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
+OPTS=""; [[ -n ${DIRECT:-} && ${DIRECT} != 0 ]] && OPTS=",direct"
+
+command -v fio >/dev/null || { echo "missing fio: run scripts/test.sh, which installs it" >&2; exit 1; }
+fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
+
+if [[ $PROFILE == release ]]; then
+    echo "== building iolift (release)" >&2
+    cargo build --release -p iolift >&2
+else
+    echo "== building iolift ($PROFILE)" >&2
+    cargo build -p iolift >&2
+fi
+
+WORK=$(mktemp -d /var/tmp/iolift-direct-bench.XXXXXX)
+IMG=$WORK/disk.img
+SERVER_PID=
+cleanup() {
+    if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    rm -f "$IMG"
+    if [[ -z ${KEEP:-} ]]; then rm -rf "$WORK"; else echo "results kept in $WORK" >&2; fi
+}
+trap cleanup EXIT
+
+cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+peak_rss_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
+
+start_server() { # $1 = threads|uring, $2 = socket
+    local spec="file:$IMG,size=$SIZE$OPTS"
+    [[ $1 == uring ]] && spec="$spec,engine=uring${EXTRA:-}"
+    rm -f "$2"
+    "$IOLIFT" serve --socket "$2" --threads "$THREADS" "$spec" 2>"$WORK/$1.log" &
+    SERVER_PID=$!
+    for _ in $(seq 200); do
+        [[ -S $2 ]] && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/$1.log" >&2; exit 1; }
+        sleep 0.05
+    done
+    echo "$1 did not start" >&2; cat "$WORK/$1.log" >&2; exit 1
+}
+
+stop_server() {
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=
+}
+
+JOBS=(
+    "randread_4k_qd1 randread 4k 1"
+    "randwrite_4k_qd1 randwrite 4k 1"
+    "randread_4k_qd32 randread 4k 32"
+    "randwrite_4k_qd32 randwrite 4k 32"
+)
+
+run_one() { # engine rep
+    local eng=$1 rep=$2 sock=$WORK/$1.sock
+    start_server "$eng" "$sock"
+    local uri="nbd+unix:///?socket=$sock"
+    for j in "${JOBS[@]}"; do
+        set -- $j
+        local c0 c1
+        c0=$(cpu_ticks "$SERVER_PID")
+        fio --name="$1" --ioengine=nbd --uri="$uri" --rw="$2" --bs="$3" --iodepth="$4" \
+            --size="$SIZE" --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
+            --output-format=json >"$WORK/${eng}_${rep}_$1.json"
+        c1=$(cpu_ticks "$SERVER_PID")
+        echo $((c1 - c0)) >"$WORK/${eng}_${rep}_$1.cpu"
+        echo "   $eng rep $rep $1 done" >&2
+    done
+    peak_rss_kib "$SERVER_PID" >"$WORK/${eng}_${rep}.rss"
+    stop_server
+}
+
+echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, image $SIZE on $(df --output=fstype "$WORK" | tail -1), options '${OPTS#,}' uring extra '${EXTRA:-}', $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+start_server threads "$WORK/fill.sock"
+fio --name=fill --ioengine=nbd --uri="nbd+unix:///?socket=$WORK/fill.sock" --rw=write --bs=1M \
+    --iodepth=8 --size="$SIZE" --output-format=json >"$WORK/fill.json"
+stop_server
+for rep in $(seq 1 "$R"); do
+    if (( rep % 2 )); then order="threads uring"; else order="uring threads"; fi
+    for eng in $order; do run_one "$eng" "$rep"; done
+done
+echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+
+"$PY" - "$WORK" "$R" "$(getconf CLK_TCK)" <<'PY'
+import json, os, statistics, sys
+work, reps, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+jobs = ["randread_4k_qd1", "randwrite_4k_qd1", "randread_4k_qd32", "randwrite_4k_qd32"]
+engines = ["threads", "uring"]
+
+def one(eng, rep, job):
+    text = open(f"{work}/{eng}_{rep}_{job}.json").read()
+    # fio may print notices before its JSON
+    d = json.loads(text[text.index("{"):])["jobs"][0]
+    side = d["read"] if d["read"]["io_bytes"] else d["write"]
+    ios = side["total_ios"]
+    cpu = int(open(f"{work}/{eng}_{rep}_{job}.cpu").read()) / tck
+    pct = side["clat_ns"].get("percentile", {})
+    return {
+        "iops": side["iops"],
+        "p50": pct.get("50.000000", 0) / 1000,
+        "p99": pct.get("99.000000", 0) / 1000,
+        "cpu_us": cpu * 1e6 / ios if ios else 0,
+    }
+
+med = {}
+for e in engines:
+    for j in jobs:
+        rs = [one(e, r, j) for r in range(1, reps + 1)]
+        med[e, j] = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
+print(f"{'job':<20} {'metric':<8} {'threads':>10} {'uring':>10} {'uring/threads':>14}")
+for j in jobs:
+    for k, label in [("iops", "IOPS"), ("p50", "p50 us"), ("p99", "p99 us"), ("cpu_us", "CPU us/IO")]:
+        a, b = med["threads", j][k], med["uring", j][k]
+        ratio = f"{b / a:.2f}x" if a else "-"
+        print(f"{j:<20} {label:<8} {a:>10.1f} {b:>10.1f} {ratio:>14}")
+for e in engines:
+    rss = [int(open(f"{work}/{e}_{r}.rss").read()) for r in range(1, reps + 1)]
+    print(f"peak RSS {e:<8} median {statistics.median(rss) / 1024:.1f} MiB (per repeat: {', '.join(f'{x / 1024:.1f}' for x in rss)})")
+PY
