@@ -66,7 +66,7 @@ if ((${#missing[@]})); then
     fi
 fi
 
-# --- iolift-offload (issue 4): NVRTC without a GPU -------------------------
+# --- iolift-offload: NVRTC without a GPU -----------------------------------
 # pip's NVRTC wheel (no driver, no GPU needed) lets the suite compile
 # crates/iolift-offload/kernels/*.cu to PTX (crates/iolift-offload/tests/nvrtc.rs).
 if ! python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null; then
