@@ -13,6 +13,7 @@
 //! plugin calls it.
 
 use crate::codec::{Codec, Engine, Plan};
+use crate::isal::{EncodeData, InitTables};
 use crate::profile::Profile;
 use crate::Error;
 use libloading::Library;
@@ -33,15 +34,6 @@ pub struct BenchOptions {
 
 type GenMatrix = unsafe extern "C" fn(a: *mut u8, m: c_int, k: c_int);
 type InvertMatrix = unsafe extern "C" fn(a: *mut u8, out: *mut u8, n: c_int) -> c_int;
-type InitTables = unsafe extern "C" fn(k: c_int, rows: c_int, a: *const u8, t: *mut u8);
-type EncodeData = unsafe extern "C" fn(
-    len: c_int,
-    k: c_int,
-    rows: c_int,
-    t: *const u8,
-    d: *const *const u8,
-    c: *const *mut u8,
-);
 
 /// ISA-L through its own API.
 struct IsalPeer {
@@ -234,6 +226,27 @@ impl Stripe {
     }
 }
 
+/// Runs `f` with the stripe's data chunks as sources and its parity
+/// chunks as outputs.
+fn encode_with(s: &mut Stripe, f: impl FnOnce(&[&[u8]], &mut [&mut [u8]])) {
+    let srcs: Vec<&[u8]> = s.data.iter().map(|d| d.as_slice()).collect();
+    let mut o: Vec<&mut [u8]> = s.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
+    f(&srcs, &mut o)
+}
+
+/// Runs `f` with the k chunks that survive the loss of the first m data
+/// chunks (data m..k, then parity) as sources and those m as outputs.
+fn decode_with(s: &mut Stripe, m: usize, f: impl FnOnce(&[&[u8]], &mut [&mut [u8]])) {
+    let (lost, kept) = s.data.split_at_mut(m);
+    let srcs: Vec<&[u8]> = kept
+        .iter()
+        .chain(s.parity.iter())
+        .map(|d| d.as_slice())
+        .collect();
+    let mut o: Vec<&mut [u8]> = lost.iter_mut().map(|p| p.as_mut_slice()).collect();
+    f(&srcs, &mut o)
+}
+
 fn ptrs(v: &mut [Vec<u8>]) -> Vec<*mut c_char> {
     v.iter_mut()
         .map(|b| b.as_mut_ptr() as *mut c_char)
@@ -298,6 +311,42 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// Errors unless `peer` and `ours` compute the same parity for the same
+/// random stripe.
+fn same_parity(
+    what: &str,
+    (k, m, size): (usize, usize, usize),
+    peer: &dyn Fn(&mut Stripe),
+    ours: &Codec,
+) -> Result<(), Error> {
+    let mut a = Stripe::new(k, m, size, 99);
+    peer(&mut a);
+    let mut b = Stripe::new(k, m, size, 99);
+    let mut r = Ok(());
+    encode_with(&mut b, |d, p| r = ours.encode(d, p));
+    r?;
+    if a.parity != b.parity {
+        return Err(Error::Invalid(format!(
+            "bench check: {what} parity differs from iolift's (k={k} m={m} chunk={size})"
+        )));
+    }
+    Ok(())
+}
+
+/// iolift's codec as an implementation: encode, and decode with the plan
+/// for the first m data chunks lost.
+fn ours<'a>(name: &'static str, codec: Codec, m: usize) -> Result<Impl<'a>, Error> {
+    let k = codec.profile().k;
+    let have: Vec<usize> = (m..k + m).collect();
+    let lost: Vec<usize> = (0..m).collect();
+    let plan: Plan = codec.recovery_plan(&have, &lost)?;
+    Ok(Impl {
+        name,
+        encode: Box::new(move |s: &mut Stripe| encode_with(s, |d, p| codec.encode(d, p).unwrap())),
+        decode: Box::new(move |s: &mut Stripe| decode_with(s, m, |d, p| plan.run(d, p))),
+    })
+}
+
 /// Builds the implementations for one k, m, chunk size, checking each
 /// peer's parity against iolift's for the same matrix.
 fn impls<'a>(
@@ -309,233 +358,128 @@ fn impls<'a>(
     want: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<Impl<'a>>, Error> {
     let mut out: Vec<Impl> = Vec::new();
-    let erased: Vec<usize> = (0..m).collect();
-    let have: Vec<usize> = (m..k + m).collect();
+    let shape = (k, m, size);
     // iolift with ISA-L's kernels (auto) and with its own.
     let jer_rs = profile(&format!(
         "plugin=jerasure,technique=reed_sol_van,k={k},m={m}"
     ));
     for (name, engine) in [("iolift", Engine::Auto), ("iolift-native", Engine::Native)] {
-        if !want(name) {
-            continue;
+        if want(name) {
+            out.push(ours(name, Codec::with_engine(&jer_rs, engine)?, m)?);
         }
-        let codec = Codec::with_engine(&jer_rs, engine)?;
-        let dplan: Plan = codec.recovery_plan(&have, &erased)?;
-        out.push(Impl {
-            name,
-            encode: Box::new(move |s: &mut Stripe| {
-                let srcs: Vec<&[u8]> = s.data.iter().map(|d| d.as_slice()).collect();
-                let mut o: Vec<&mut [u8]> = s.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-                codec.encode(&srcs, &mut o).unwrap();
-            }),
-            decode: Box::new(move |s: &mut Stripe| {
-                let (lost, kept) = s.data.split_at_mut(m);
-                let srcs: Vec<&[u8]> = kept
-                    .iter()
-                    .chain(s.parity.iter())
-                    .map(|d| d.as_slice())
-                    .collect();
-                let mut o: Vec<&mut [u8]> = lost.iter_mut().map(|p| p.as_mut_slice()).collect();
-                dplan.run(&srcs, &mut o);
-            }),
-        });
     }
     if let Some(isal) = isal.filter(|_| want("isal")) {
         let et = isal.encode_tables(k, m);
         let dt = isal.decode_tables(k, m);
-        // Same matrix as iolift's isa reed_sol_van: compare parity.
-        let mut a = Stripe::new(k, m, size, 99);
-        let mut b = Stripe::new(k, m, size, 99);
-        {
-            let srcs: Vec<&[u8]> = a.data.iter().map(|d| d.as_slice()).collect();
-            let mut o: Vec<&mut [u8]> = a.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-            isal.run(&et, &srcs, &mut o);
-            let c =
-                Codec::with_engine(&profile(&format!("plugin=isa,k={k},m={m}")), Engine::Native)?;
-            let srcs: Vec<&[u8]> = b.data.iter().map(|d| d.as_slice()).collect();
-            let mut o: Vec<&mut [u8]> = b.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-            c.encode(&srcs, &mut o)?;
-        }
-        if a.parity != b.parity {
-            return Err(Error::Invalid(format!(
-                "bench check: ISA-L's parity differs from iolift's (k={k} m={m})"
-            )));
-        }
+        let enc = move |s: &mut Stripe| encode_with(s, |d, p| isal.run(&et, d, p));
+        // ISA-L's own matrix is iolift's isa reed_sol_van.
+        let isa = profile(&format!("plugin=isa,k={k},m={m}"));
+        same_parity(
+            "ISA-L's",
+            shape,
+            &enc,
+            &Codec::with_engine(&isa, Engine::Native)?,
+        )?;
         out.push(Impl {
             name: "isal",
-            encode: Box::new(move |s: &mut Stripe| {
-                let srcs: Vec<&[u8]> = s.data.iter().map(|d| d.as_slice()).collect();
-                let mut o: Vec<&mut [u8]> = s.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-                isal.run(&et, &srcs, &mut o);
-            }),
-            decode: Box::new(move |s: &mut Stripe| {
-                let (lost, kept) = s.data.split_at_mut(m);
-                let srcs: Vec<&[u8]> = kept
-                    .iter()
-                    .chain(s.parity.iter())
-                    .map(|d| d.as_slice())
-                    .collect();
-                let mut o: Vec<&mut [u8]> = lost.iter_mut().map(|p| p.as_mut_slice()).collect();
-                isal.run(&dt, &srcs, &mut o);
-            }),
+            encode: Box::new(enc),
+            decode: Box::new(move |s: &mut Stripe| decode_with(s, m, |d, p| isal.run(&dt, d, p))),
         });
     }
-    if let Some(j) = jer {
-        let (kc, mc, w) = (k as c_int, m as c_int, 8 as c_int);
-        let mut erasures: Vec<c_int> = (0..m as c_int).collect();
-        erasures.push(-1);
-        if want("jerasure") {
-            // SAFETY: jerasure allocates and returns an m x k matrix.
-            let matrix = unsafe { (j.rs_matrix)(kc, mc, w) };
-            if matrix.is_null() {
-                return Err(Error::Invalid("jerasure: no coding matrix".into()));
-            }
-            let mp = matrix as usize;
-            let enc = move |s: &mut Stripe| {
-                let d = ptrs(&mut s.data);
-                let c = ptrs(&mut s.parity);
-                // SAFETY: k data and m coding buffers of `size` bytes.
-                unsafe {
-                    (j.encode)(
+    let Some(j) = jer else {
+        return Ok(out);
+    };
+    let (kc, mc, w) = (k as c_int, m as c_int, 8 as c_int);
+    let erasures: Vec<c_int> = (0..m as c_int).chain([-1]).collect();
+    if want("jerasure") {
+        // SAFETY: jerasure allocates and returns an m x k matrix.
+        let matrix = unsafe { (j.rs_matrix)(kc, mc, w) };
+        if matrix.is_null() {
+            return Err(Error::Invalid("jerasure: no coding matrix".into()));
+        }
+        let mp = matrix as usize;
+        let enc = move |s: &mut Stripe| {
+            let (d, c) = (ptrs(&mut s.data), ptrs(&mut s.parity));
+            // SAFETY: k data and m coding buffers of `size` bytes.
+            unsafe {
+                (j.encode)(
+                    kc,
+                    mc,
+                    w,
+                    mp as *const c_int,
+                    d.as_ptr(),
+                    c.as_ptr(),
+                    size as c_int,
+                )
+            };
+        };
+        same_parity(
+            "jerasure's",
+            shape,
+            &enc,
+            &Codec::with_engine(&jer_rs, Engine::Native)?,
+        )?;
+        let er = erasures.clone();
+        out.push(Impl {
+            name: "jerasure",
+            encode: Box::new(enc),
+            decode: Box::new(move |s: &mut Stripe| {
+                let (d, c) = (ptrs(&mut s.data), ptrs(&mut s.parity));
+                // SAFETY: as above; erasures ends with -1.
+                let r = unsafe {
+                    let mp = mp as *const c_int;
+                    (j.decode)(
                         kc,
                         mc,
                         w,
-                        mp as *const c_int,
+                        mp,
+                        1,
+                        er.as_ptr(),
                         d.as_ptr(),
                         c.as_ptr(),
                         size as c_int,
                     )
                 };
-            };
-            let mut a = Stripe::new(k, m, size, 98);
-            enc(&mut a);
-            let mut b = Stripe::new(k, m, size, 98);
-            let srcs: Vec<&[u8]> = b.data.iter().map(|d| d.as_slice()).collect();
-            let mut o: Vec<&mut [u8]> = b.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-            Codec::with_engine(&jer_rs, Engine::Native)?.encode(&srcs, &mut o)?;
-            if a.parity != b.parity {
-                return Err(Error::Invalid(format!(
-                    "bench check: jerasure's parity differs from iolift's (k={k} m={m})"
-                )));
-            }
-            let er = erasures.clone();
+                assert_eq!(r, 0);
+            }),
+        });
+    }
+    let ps = (size / 8).min(2048);
+    if (want("jerasure-cauchy") || want("iolift-cauchy")) && size.is_multiple_of(64) {
+        // SAFETY: jerasure allocates the matrix, bitmatrix and schedule.
+        let (bits, sched) = unsafe {
+            let mat = (j.cauchy_good)(kc, mc, w);
+            let bits = (j.to_bits)(kc, mc, w, mat);
+            (bits as usize, (j.to_schedule)(kc, mc, w, bits) as usize)
+        };
+        let (sz, psc) = (size as c_int, ps as c_int);
+        let enc = move |s: &mut Stripe| {
+            let (d, c) = (ptrs(&mut s.data), ptrs(&mut s.parity));
+            let sched = sched as *const *mut c_int;
+            // SAFETY: as above; size is a multiple of 8 * ps.
+            unsafe { (j.sched_encode)(kc, mc, w, sched, d.as_ptr(), c.as_ptr(), sz, psc) };
+        };
+        let cp = profile(&format!(
+            "plugin=jerasure,technique=cauchy_good,k={k},m={m},packetsize={ps}"
+        ));
+        same_parity("jerasure cauchy_good", shape, &enc, &Codec::new(&cp)?)?;
+        if want("jerasure-cauchy") {
             out.push(Impl {
-                name: "jerasure",
+                name: "jerasure-cauchy",
                 encode: Box::new(enc),
                 decode: Box::new(move |s: &mut Stripe| {
-                    let d = ptrs(&mut s.data);
-                    let c = ptrs(&mut s.parity);
-                    // SAFETY: as above; erasures ends with -1.
+                    let (d, c) = (ptrs(&mut s.data), ptrs(&mut s.parity));
+                    let (bits, er) = (bits as *const c_int, erasures.as_ptr());
+                    // SAFETY: as above.
                     let r = unsafe {
-                        (j.decode)(
-                            kc,
-                            mc,
-                            w,
-                            mp as *const c_int,
-                            1,
-                            er.as_ptr(),
-                            d.as_ptr(),
-                            c.as_ptr(),
-                            size as c_int,
-                        )
+                        (j.sched_decode)(kc, mc, w, bits, er, d.as_ptr(), c.as_ptr(), sz, psc, 1)
                     };
                     assert_eq!(r, 0);
                 }),
             });
         }
-        let ps = (size / 8).min(2048);
-        if (want("jerasure-cauchy") || want("iolift-cauchy")) && size.is_multiple_of(64) {
-            // SAFETY: jerasure allocates the matrix, bitmatrix and schedule.
-            let (bits, sched) = unsafe {
-                let mat = (j.cauchy_good)(kc, mc, w);
-                let bits = (j.to_bits)(kc, mc, w, mat);
-                (bits as usize, (j.to_schedule)(kc, mc, w, bits) as usize)
-            };
-            let enc = move |s: &mut Stripe| {
-                let d = ptrs(&mut s.data);
-                let c = ptrs(&mut s.parity);
-                // SAFETY: as above; size is a multiple of 8 * ps.
-                unsafe {
-                    (j.sched_encode)(
-                        kc,
-                        mc,
-                        w,
-                        sched as *const *mut c_int,
-                        d.as_ptr(),
-                        c.as_ptr(),
-                        size as c_int,
-                        ps as c_int,
-                    )
-                };
-            };
-            let cp = profile(&format!(
-                "plugin=jerasure,technique=cauchy_good,k={k},m={m},packetsize={ps}"
-            ));
-            let ours = Codec::new(&cp)?;
-            let mut a = Stripe::new(k, m, size, 97);
-            enc(&mut a);
-            let mut b = Stripe::new(k, m, size, 97);
-            {
-                let srcs: Vec<&[u8]> = b.data.iter().map(|d| d.as_slice()).collect();
-                let mut o: Vec<&mut [u8]> = b.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-                ours.encode(&srcs, &mut o)?;
-            }
-            if a.parity != b.parity {
-                return Err(Error::Invalid(format!(
-                    "bench check: jerasure cauchy_good parity differs from iolift's (k={k} m={m})"
-                )));
-            }
-            let er = erasures.clone();
-            let jc = Impl {
-                name: "jerasure-cauchy",
-                encode: Box::new(enc),
-                decode: Box::new(move |s: &mut Stripe| {
-                    let d = ptrs(&mut s.data);
-                    let c = ptrs(&mut s.parity);
-                    // SAFETY: as above.
-                    let r = unsafe {
-                        (j.sched_decode)(
-                            kc,
-                            mc,
-                            w,
-                            bits as *const c_int,
-                            er.as_ptr(),
-                            d.as_ptr(),
-                            c.as_ptr(),
-                            size as c_int,
-                            ps as c_int,
-                            1,
-                        )
-                    };
-                    assert_eq!(r, 0);
-                }),
-            };
-            if want("jerasure-cauchy") {
-                out.push(jc);
-            }
-            if want("iolift-cauchy") {
-                let dplan = ours.recovery_plan(&have, &erased)?;
-                out.push(Impl {
-                    name: "iolift-cauchy",
-                    encode: Box::new(move |s: &mut Stripe| {
-                        let srcs: Vec<&[u8]> = s.data.iter().map(|d| d.as_slice()).collect();
-                        let mut o: Vec<&mut [u8]> =
-                            s.parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-                        ours.encode(&srcs, &mut o).unwrap();
-                    }),
-                    decode: Box::new(move |s: &mut Stripe| {
-                        let (lost, kept) = s.data.split_at_mut(m);
-                        let srcs: Vec<&[u8]> = kept
-                            .iter()
-                            .chain(s.parity.iter())
-                            .map(|d| d.as_slice())
-                            .collect();
-                        let mut o: Vec<&mut [u8]> =
-                            lost.iter_mut().map(|p| p.as_mut_slice()).collect();
-                        dplan.run(&srcs, &mut o);
-                    }),
-                });
-            }
+        if want("iolift-cauchy") {
+            out.push(ours("iolift-cauchy", Codec::new(&cp)?, m)?);
         }
     }
     Ok(out)

@@ -8,8 +8,9 @@ use libloading::Library;
 use std::os::raw::c_int;
 use std::sync::OnceLock;
 
-type InitTables = unsafe extern "C" fn(k: c_int, rows: c_int, a: *const u8, gftbls: *mut u8);
-type EncodeData = unsafe extern "C" fn(
+pub(crate) type InitTables =
+    unsafe extern "C" fn(k: c_int, rows: c_int, a: *const u8, gftbls: *mut u8);
+pub(crate) type EncodeData = unsafe extern "C" fn(
     len: c_int,
     k: c_int,
     rows: c_int,

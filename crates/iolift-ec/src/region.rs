@@ -264,15 +264,7 @@ mod tests {
     }
 
     fn pseudo(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        iolift_testkit::random_bytes(n, seed)
     }
 
     #[test]

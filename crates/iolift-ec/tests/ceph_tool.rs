@@ -5,6 +5,7 @@
 //! decode.
 
 use iolift_ec::{stripe, Codec, Engine, Profile};
+use iolift_testkit::random_bytes as random;
 use std::path::Path;
 use std::process::Command;
 
@@ -12,29 +13,8 @@ const TOOL: &str = "ceph-erasure-code-tool";
 
 fn tool_path() -> String {
     let p = std::env::var("CEPH_EC_TOOL").unwrap_or_else(|_| TOOL.to_string());
-    let ok = Command::new(&p)
-        .arg("test-plugin-exists")
-        .arg("jerasure")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "{p} is missing or broken: these tests compare with Ceph's tool; install the Debian package ceph-osd"
-    );
-    p
-}
-
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) ^ 0x5851f42d4c957f2d;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    // A missing tool fails the test (the Debian package is ceph-osd).
+    iolift_testkit::require_tool(&p).display().to_string()
 }
 
 fn run_tool(tool: &str, args: &[&str]) {

@@ -66,15 +66,8 @@ fn host() -> Host {
 }
 
 fn random_words(n: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 16) as u32
-        })
-        .collect()
+    let mut r = iolift_testkit::rng::Rng::new(seed);
+    (0..n).map(|_| r.next_u32()).collect()
 }
 
 fn bytes(w: &[u32]) -> &[u8] {

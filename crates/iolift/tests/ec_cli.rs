@@ -2,6 +2,7 @@
 //! same subcommands, same output files, byte-identical shards; decode from
 //! surviving shards; bad input gives one error line, exit 1 and no files.
 
+use iolift_testkit::random_bytes as random;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -44,18 +45,6 @@ fn one_error(o: &Output, part: &str) {
     assert_eq!(o.status.code(), Some(1), "stderr: {err}");
     assert_eq!(err.lines().count(), 1, "not one line: {err}");
     assert!(err.contains(part), "{err:?} does not name {part:?}");
-}
-
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 16) as u8
-        })
-        .collect()
 }
 
 fn shard(dir: &Path, name: &str, i: usize) -> Vec<u8> {
