@@ -285,6 +285,10 @@ mod tests {
     fn polling_finds_data_sent_within_the_budget_and_gives_up_after_it() {
         let (a, mut b) = UnixStream::pair().unwrap();
         let mut p = Polled::new(Never(a), Duration::from_millis(500), SpinGate::new(1));
+        // A budget far past the writer's delay (and past MAX_POLL, which
+        // `new` clamps to), so that a writer thread scheduled late on a
+        // loaded machine cannot fail the test.
+        p.budget = Duration::from_secs(20);
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(5));
             b.write_all(b"hello").unwrap();
