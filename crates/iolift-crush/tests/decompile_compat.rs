@@ -9,29 +9,8 @@ use common::*;
 use iolift_crush::decompile::{decompile, decompile_partial, fixed_point_text};
 use iolift_crush::map::*;
 use iolift_crush::CrushMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("iolift-decompile-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 struct Reference {
     success: bool,
@@ -39,15 +18,16 @@ struct Reference {
     stderr: String,
 }
 
+/// `crushtool -d MAP` (time-limited); its status and output.
 fn crushtool_d(map_path: &Path) -> Reference {
-    let out = Command::new(crushtool())
-        .args(["-d", map_path.to_str().unwrap()])
-        .output()
-        .expect("run crushtool -d");
+    let o = iolift_testkit::run_timeout(
+        Command::new(crushtool()).arg("-d").arg(map_path),
+        iolift_testkit::CMD_TIMEOUT,
+    );
     Reference {
-        success: out.status.success(),
-        stdout: String::from_utf8(out.stdout).expect("crushtool -d prints UTF-8 here"),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        success: o.status.success(),
+        stdout: o.stdout,
+        stderr: o.stderr,
     }
 }
 
@@ -187,7 +167,7 @@ fn spec_corpus() -> Vec<(String, Spec)> {
 
 #[test]
 fn generated_text_maps_match() {
-    let dir = Scratch::new("spec");
+    let dir = tempfile::tempdir().unwrap();
     let mut lines = 0;
     for (name, spec) in spec_corpus() {
         let path = compile(dir.path(), &name, &text_map(&spec));
@@ -383,7 +363,7 @@ choose_args 9 {
 
 #[test]
 fn hand_written_maps_match() {
-    let dir = Scratch::new("hand");
+    let dir = tempfile::tempdir().unwrap();
     let text = hand_map();
     let path = compile(dir.path(), "hand", &text);
     check("hand", &path);
@@ -402,7 +382,7 @@ fn hand_written_maps_match() {
 
 #[test]
 fn built_maps_match() {
-    let dir = Scratch::new("build");
+    let dir = tempfile::tempdir().unwrap();
     for alg in ["straw2", "straw", "list", "tree", "uniform"] {
         let name = format!("build_{alg}");
         let p = build(
@@ -703,7 +683,7 @@ fn edited_maps(dir: &Path) -> Vec<(&'static str, CrushMap)> {
 
 #[test]
 fn edited_maps_match() {
-    let dir = Scratch::new("edit");
+    let dir = tempfile::tempdir().unwrap();
     for (what, map) in edited_maps(dir.path()) {
         check_encoded(dir.path(), what, &map);
     }
@@ -714,7 +694,7 @@ fn edited_maps_match() {
 /// ours reports why.
 #[test]
 fn early_stops_match() {
-    let dir = Scratch::new("stop");
+    let dir = tempfile::tempdir().unwrap();
     let base = base_map(dir.path());
     let mut cases = Vec::new();
 
