@@ -7,12 +7,15 @@
 //!   hook for a GPU;
 //! - [`engine`]: the io_uring engine (registered file and buffers, optional
 //!   SQPOLL and IOPOLL, batched submissions, completions as bytes / 0 /
-//!   -errno).
+//!   -errno);
+//! - [`fs`]: AccelFS, a small file system with a per-file buffer cache on
+//!   the engine (mkfs, fsck, files and directories, soft and hard sync).
 //!
 //! See docs/direct.md.
 
 pub mod buf;
 pub mod engine;
+pub mod fs;
 mod slot;
 pub mod target;
 
