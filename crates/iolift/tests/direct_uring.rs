@@ -9,33 +9,6 @@ use common::*;
 
 const MIB: u64 = 1 << 20;
 
-fn fio_verify(uri: &str, bs: &str, iodepth: u32, jobs: u32, size: &str, incr: &str) {
-    let o = run_ok(cmd("fio").args([
-        "--name=verify",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
-        "--rw=randwrite",
-        &format!("--bs={bs}"),
-        &format!("--iodepth={iodepth}"),
-        &format!("--numjobs={jobs}"),
-        &format!("--size={size}"),
-        &format!("--offset_increment={incr}"),
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        "--group_reporting",
-    ]));
-    let all = o.all();
-    assert!(!all.contains("verify: bad"), "{all}");
-    assert!(
-        all.matches("err=").count() > 0
-            && all.matches("err=").count() == all.matches("err= 0").count(),
-        "fio reported errors (bs {bs}, iodepth {iodepth}, {jobs} jobs):\n{all}"
-    );
-    assert!(all.contains("read: IOPS="), "no verify read phase:\n{all}");
-}
-
 #[test]
 fn fio_verify_uring_buffered_and_direct() {
     let _g = heavy();
@@ -54,11 +27,11 @@ fn fio_verify_uring_buffered_and_direct() {
             ))
             .start();
         println!("{name}");
-        fio_verify(&srv.uri(), "4k", 1, 1, "4M", "8M");
-        fio_verify(&srv.uri(), "4k", 32, 4, "8M", "16M");
+        fio_randwrite_verify_bs(&srv.uri(), "4k", 1, 1, "4M", "8M");
+        fio_randwrite_verify_bs(&srv.uri(), "4k", 32, 4, "8M", "16M");
         // Not aligned to 4 KiB: with direct these take the thread-pool path
         // (read-modify-write), one at a time.
-        fio_verify(&srv.uri(), "1536", 1, 1, "3M", "3M");
+        fio_randwrite_verify_bs(&srv.uri(), "1536", 1, 1, "3M", "3M");
     }
 }
 

@@ -636,12 +636,25 @@ pub fn fio_randwrite_verify(
     size: &str,
     offset_increment: &str,
 ) {
+    fio_randwrite_verify_bs(uri, "4k", iodepth, jobs, size, offset_increment);
+}
+
+/// [`fio_randwrite_verify`] with block size `bs` (e.g. "1536" for writes
+/// that are not 4k-aligned).
+pub fn fio_randwrite_verify_bs(
+    uri: &str,
+    bs: &str,
+    iodepth: u32,
+    jobs: u32,
+    size: &str,
+    offset_increment: &str,
+) {
     let o = run_ok(cmd("fio").args([
         "--name=verify",
         "--ioengine=nbd",
         &format!("--uri={uri}"),
         "--rw=randwrite",
-        "--bs=4k",
+        &format!("--bs={bs}"),
         &format!("--iodepth={iodepth}"),
         &format!("--numjobs={jobs}"),
         &format!("--size={size}"),
@@ -657,7 +670,7 @@ pub fn fio_randwrite_verify(
     assert!(
         all.matches("err=").count() > 0
             && all.matches("err=").count() == all.matches("err= 0").count(),
-        "fio reported errors (iodepth {iodepth}, {jobs} jobs):\n{all}"
+        "fio reported errors (bs {bs}, iodepth {iodepth}, {jobs} jobs):\n{all}"
     );
     assert!(all.contains("read: IOPS="), "no verify read phase:\n{all}");
 }
