@@ -14,97 +14,11 @@ mod common;
 use common::*;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
-
-/// A running `iolift attach`; SIGTERM and cleanup on drop.
-struct Attached {
-    child: Option<Child>,
-    dev: PathBuf,
-    file: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Attached {
-    fn start(dir: &Path, backend: &str, stages: &[String]) -> Attached {
-        let file = dir.join("fuse").join("disk.img");
-        let stderr = dir.join("attach.log");
-        let mut c = Command::new(iolift_bin());
-        c.arg("attach").arg("--file").arg(&file);
-        for s in stages {
-            c.arg("--stage").arg(s);
-        }
-        c.arg(backend)
-            .env("IOLIFT_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(fs::File::create(&stderr).unwrap());
-        let mut child = c.spawn().expect("spawn iolift attach");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let mut a = Attached {
-            child: Some(child),
-            dev: PathBuf::new(),
-            file,
-            stderr,
-        };
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) if line.trim().starts_with("/dev/loop") => a.dev = PathBuf::from(line.trim()),
-            _ => panic!("iolift attach did not print its device\n{}", a.log()),
-        }
-        a
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// `iolift detach DEV`: the server flushes and exits 0.
-    fn detach(&mut self) {
-        run_ok(Command::new(iolift_bin()).arg("detach").arg(&self.dev));
-        if let Some(mut c) = self.child.take() {
-            let st = wait_child(&mut c, Duration::from_secs(30)).expect("server exit");
-            assert!(st.success(), "server exit {st}\n{}", self.log());
-        }
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            if wait_child(&mut c, Duration::from_secs(20)).is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        if self.dev.starts_with("/dev") {
-            let _ = Command::new("losetup")
-                .arg("-d")
-                .arg(&self.dev)
-                .stderr(Stdio::null())
-                .status();
-        }
-        let dir = self.file.parent().unwrap();
-        if is_mounted(dir) {
-            let _ = Command::new(iolift_bin())
-                .arg("detach")
-                .arg(dir)
-                .stderr(Stdio::null())
-                .status();
-            umount_lazy(dir);
-        }
-    }
-}
 
 /// What one workload run left: the log, the base image, the offset after
 /// mkfs, and for every fsynced file its name, content hash and the log's
@@ -133,7 +47,13 @@ fn workload(dir: &Path, log_opts: &str) -> Run {
         "cache:size=4M,mode=writeback,max_age=10s".to_string(),
         format!("log-writes:path={}{log_opts}", log.display()),
     ];
-    let mut a = Attached::start(dir, &format!("file:{}", img.display()), &stages);
+    let args: Vec<&str> = stages.iter().flat_map(|s| ["--stage", s]).collect();
+    let mut a = Attached::start(dir, &format!("file:{}", img.display()), &args);
+    assert!(
+        a.dev.to_string_lossy().starts_with("/dev/loop"),
+        "attach printed {:?}",
+        a.dev
+    );
     run_ok(
         cmd("mkfs.ext4")
             .args([

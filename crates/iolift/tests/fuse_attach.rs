@@ -9,10 +9,9 @@ use common::*;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn require_root() {
@@ -23,117 +22,11 @@ fn require_root() {
     );
 }
 
-/// A running `iolift attach` (foreground). Drop: SIGTERM, wait, then clean
-/// up whatever is left (loop device, FUSE mount) with `iolift detach` and,
-/// failing that, by hand.
-struct Attached {
-    child: Option<Child>,
-    /// /dev/loopN, or the FUSE file with --no-loop.
-    dev: PathBuf,
-    file: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Attached {
-    fn start(dir: &Path, backend: &str, extra: &[&str]) -> Attached {
-        let file = dir.join("fuse").join("disk.img");
-        let stderr = dir.join(format!("attach-{}.log", rand_tag()));
-        let mut c = Command::new(iolift_bin());
-        c.arg("attach")
-            .arg("--file")
-            .arg(&file)
-            .args(extra)
-            .arg(backend)
-            .env("IOLIFT_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(fs::File::create(&stderr).unwrap());
-        let mut child = c.spawn().expect("spawn iolift attach");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(out).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let mut a = Attached {
-            child: Some(child),
-            dev: PathBuf::new(),
-            file: file.clone(),
-            stderr,
-        };
-        match rx.recv_timeout(START_TIMEOUT) {
-            Ok(line) if !line.trim().is_empty() => a.dev = PathBuf::from(line.trim()),
-            _ => panic!("iolift attach did not print its device\n{}", a.log()),
-        }
-        a
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// `iolift detach DEV`; asserts it succeeds and the server exits 0.
-    fn detach(&mut self) {
-        run_ok(Command::new(iolift_bin()).arg("detach").arg(&self.dev));
-        if let Some(mut c) = self.child.take() {
-            let st = wait_child(&mut c, STOP_TIMEOUT).expect("server exit after detach");
-            assert!(st.success(), "server exit {st}\n{}", self.log());
-        }
-        assert!(
-            !is_mounted(self.file.parent().unwrap()),
-            "FUSE mount left after detach"
-        );
-    }
-}
-
 fn rand_tag() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos()
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            if wait_child(&mut c, STOP_TIMEOUT).is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        if self.dev.starts_with("/dev") {
-            let _ = Command::new("losetup")
-                .arg("-d")
-                .arg(&self.dev)
-                .stderr(Stdio::null())
-                .status();
-        }
-        let dir = self.file.parent().unwrap();
-        if is_mounted(dir) {
-            let _ = Command::new(iolift_bin())
-                .arg("detach")
-                .arg(dir)
-                .stderr(Stdio::null())
-                .status();
-        }
-        if is_mounted(dir) {
-            let _ = Command::new("umount").arg("-l").arg(dir).status();
-        }
-    }
 }
 
 /// Writes files of assorted sizes (and one in a subdirectory) and returns
