@@ -413,3 +413,39 @@ fn fuzzed_images_give_errors_not_panics() {
     println!("fuzz: {errors} images refused or inconsistent, {fine} still consistent");
     assert!(errors > 100, "too few fuzzed images were noticed: {errors}");
 }
+
+#[test]
+fn bytes_an_unsynced_write_left_past_the_size_read_as_zeroes() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("fs.img");
+    let mut fs = fresh(&img, 8 << 20, 4096);
+    fs.set_cache_blocks(1);
+    fs.create("f").unwrap();
+    let mut f = fs.open("f").unwrap();
+    fs.write(&mut f, 0, &[1u8; 5000]).unwrap();
+    fs.sync_soft(&mut f).unwrap();
+    // Past the synced size: written back by eviction (cache of one
+    // block), but the inode's size is never written (as if killed).
+    fs.write(&mut f, 5000, &[2u8; 30000]).unwrap();
+    assert_eq!(f.cached(), (1, 1));
+    drop(f);
+    let mut fs = remount(fs);
+    assert_eq!(fs.stat("f").unwrap().size, 5000);
+    let mut f = fs.open("f").unwrap();
+    fs.write(&mut f, 40000, b"end").unwrap();
+    let mut b = vec![9u8; 40003];
+    assert_eq!(fs.read(&mut f, 0, &mut b).unwrap(), 40003);
+    assert!(b[..5000].iter().all(|&x| x == 1), "synced bytes");
+    assert!(
+        b[5000..40000].iter().all(|&x| x == 0),
+        "the unsynced write shows through"
+    );
+    assert_eq!(&b[40000..], b"end");
+    fs.close(f).unwrap();
+    let mut fs = remount(fs);
+    let mut f = fs.open("f").unwrap();
+    let mut c = vec![9u8; 40003];
+    fs.read(&mut f, 0, &mut c).unwrap();
+    assert!(b == c, "after remount");
+    assert!(fsck::fsck(&fs).errors.is_empty());
+}

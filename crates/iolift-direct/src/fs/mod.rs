@@ -203,6 +203,11 @@ pub struct File {
     cache: Cache,
     /// The inode differs from the one on disk.
     inode_dirty: bool,
+    /// The size at open: what the disk holds past it (left by a write
+    /// that a killed process did not sync) is not the file's and reads as
+    /// zeroes, except in the blocks written back since the open.
+    trusted: u64,
+    written_past: std::collections::HashSet<u64>,
 }
 
 impl File {
@@ -666,9 +671,11 @@ impl Fs {
         }
         Ok(File {
             ino,
+            trusted: inode.size,
             inode,
             cache: Cache::new(self.cache_blocks),
             inode_dirty: false,
+            written_past: std::collections::HashSet::new(),
         })
     }
 
@@ -726,15 +733,32 @@ impl Fs {
     }
 
     /// The cached block `fb` of `f`, read in (or zero for a hole or past
-    /// the end) when missing.
+    /// the end) when missing. Bytes past the size at open read as zero
+    /// unless their block was written back since (see [`File`]).
     fn cached_block<'f>(&mut self, f: &'f mut File, fb: u64) -> io::Result<&'f mut AlignedBuf> {
         if !f.cache.contains(fb) {
             self.make_room(f)?;
-            let data = match self.bmap(&f.inode, fb)? {
-                Some(phys) => self.dev.read(phys)?,
-                None => AlignedBuf::new(self.dev.bs),
+            let bs = self.dev.bs as u64;
+            let ours = f.written_past.contains(&fb);
+            // A block whose disk copy holds bytes that are not the file's
+            // is cached zeroed there and dirty, so the zeroes reach the
+            // disk before a larger size does.
+            let (data, stale) = match self.bmap(&f.inode, fb)? {
+                Some(_) if !ours && fb * bs >= f.trusted => (AlignedBuf::new(self.dev.bs), true),
+                Some(phys) => {
+                    let mut b = self.dev.read(phys)?;
+                    let stale = !ours && fb == f.trusted / bs;
+                    if stale {
+                        b[(f.trusted % bs) as usize..].fill(0);
+                    }
+                    (b, stale)
+                }
+                None => (AlignedBuf::new(self.dev.bs), false),
             };
             f.cache.insert(fb, data);
+            if stale {
+                f.cache.mark_dirty(fb);
+            }
         }
         Ok(f.cache.get_mut(fb).expect("block just cached"))
     }
@@ -752,6 +776,9 @@ impl Fs {
     /// Writes one dirty block: its data first, then (for a new block) the
     /// pointer to it (rules 1, 2).
     fn write_back(&mut self, f: &mut File, fb: u64, data: AlignedBuf) -> io::Result<()> {
+        if (fb + 1) * self.dev.bs as u64 > f.trusted {
+            f.written_past.insert(fb);
+        }
         match self.bmap(&f.inode, fb)? {
             Some(phys) => {
                 self.dev.write(phys, data)?;
@@ -769,7 +796,20 @@ impl Fs {
     }
 
     /// Soft sync: writes back every dirty block, then the inode (rule 5).
+    /// When the size grew, blocks between the old and the new size that
+    /// hold bytes left by an unsynced write are zeroed on disk first.
     pub fn sync_soft(&mut self, f: &mut File) -> io::Result<()> {
+        if f.inode.size > f.trusted {
+            let bs = self.dev.bs as u64;
+            for fb in f.trusted / bs..=(f.inode.size - 1) / bs {
+                if !f.written_past.contains(&fb)
+                    && !f.cache.contains(fb)
+                    && self.bmap(&f.inode, fb)?.is_some()
+                {
+                    self.cached_block(f, fb)?;
+                }
+            }
+        }
         for fb in f.cache.dirty_blocks() {
             let copy = f.cache.copy_and_clean(fb).expect("dirty block cached");
             self.write_back(f, fb, copy)?;
@@ -778,6 +818,8 @@ impl Fs {
             self.put_inode(f.ino, &f.inode)?;
             f.inode_dirty = false;
         }
+        f.trusted = f.inode.size;
+        f.written_past.clear();
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod accelfs;
 pub mod attach;
 pub mod crash_states;
 pub mod crush;
@@ -46,6 +47,8 @@ pub enum Cmd {
     Backends(list::ListArgs),
     /// Offload engine: devices and kernels (info, kernels).
     Offload(offload::OffloadArgs),
+    /// AccelFS on the io_uring engine: mkfs, fsck, ls, mkdir, rm, cp-in, cp-out.
+    Accelfs(accelfs::AccelfsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -66,6 +69,7 @@ pub fn main() -> ExitCode {
         Cmd::Stages(a) => list::run_stages(a),
         Cmd::Backends(a) => list::run_backends(a),
         Cmd::Offload(a) => offload::run(a),
+        Cmd::Accelfs(a) => accelfs::run(a),
     };
     match r {
         Ok(code) => code,

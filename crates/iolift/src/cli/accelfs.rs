@@ -1,0 +1,274 @@
+//! `iolift accelfs`: tools for AccelFS, the small file system of
+//! crates/iolift-direct on its io_uring engine (see docs/direct.md): mkfs,
+//! fsck, ls, mkdir, rm, cp-in, cp-out. IMAGE is an image file or a block
+//! device.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use iolift_direct::fs::{fsck, layout, mkfs, Fs, Mkfs};
+use iolift_direct::{Config, Direct, Engine, Open, Target};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub struct AccelfsArgs {
+    /// O_DIRECT: auto (where the file system allows it), on, off.
+    #[arg(long, value_enum, default_value = "auto", global = true)]
+    direct: DirectArg,
+    /// A kernel thread polls the engine's submission queue.
+    #[arg(long, global = true)]
+    sqpoll: bool,
+    #[command(subcommand)]
+    cmd: Sub,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum DirectArg {
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Subcommand, Debug)]
+enum Sub {
+    /// Make an empty file system (a missing image file is created with --size).
+    Mkfs {
+        image: PathBuf,
+        /// Size of a new image file (e.g. 64M).
+        #[arg(long)]
+        size: Option<String>,
+        /// Block size: 4K to 64K, a power of two.
+        #[arg(long, default_value = "8K")]
+        block_size: String,
+        /// Inodes (0: one per 16 blocks).
+        #[arg(long, default_value_t = 0)]
+        inodes: u32,
+    },
+    /// Check bitmap, inode and directory consistency: one line per problem,
+    /// exit status 1 when there is one. Leaked space is listed apart.
+    Fsck {
+        image: PathBuf,
+        /// Free leaked blocks and orphan inodes (only when there is no error).
+        #[arg(long)]
+        repair: bool,
+    },
+    /// List a directory: kind, size, name.
+    Ls {
+        image: PathBuf,
+        #[arg(default_value = "/")]
+        path: String,
+    },
+    /// Make a directory.
+    Mkdir { image: PathBuf, path: String },
+    /// Remove a file or an empty directory.
+    Rm { image: PathBuf, path: String },
+    /// Copy a host file (or - for stdin) into the file system; ends with a
+    /// hard sync.
+    CpIn {
+        image: PathBuf,
+        src: PathBuf,
+        dst: String,
+        /// Replace an existing file.
+        #[arg(long)]
+        force: bool,
+        /// Hard sync after every this many bytes, printing `synced BYTES`
+        /// on stdout after each.
+        #[arg(long)]
+        sync_every: Option<String>,
+    },
+    /// Copy a file out to a host file (or - for stdout).
+    CpOut {
+        image: PathBuf,
+        src: String,
+        dst: PathBuf,
+    },
+}
+
+impl AccelfsArgs {
+    fn engine(&self, image: &Path, create: Option<u64>) -> Result<Engine> {
+        let direct = match self.direct {
+            DirectArg::Auto => Direct::Auto,
+            DirectArg::On => Direct::On,
+            DirectArg::Off => Direct::Off,
+        };
+        let t = Target::open(
+            image,
+            &Open {
+                direct,
+                create_size: create,
+                ..Open::default()
+            },
+        )?;
+        if let Some(why) = t.fallback() {
+            eprintln!("iolift accelfs: buffered I/O: {why}");
+        }
+        let cfg = Config {
+            sqpoll: self.sqpoll.then_some(1000),
+            ..Config::default()
+        };
+        Ok(Engine::new(t, cfg)?)
+    }
+
+    fn mount(&self, image: &Path) -> Result<Fs> {
+        let eng = self.engine(image, None)?;
+        Fs::mount(eng).with_context(|| format!("mount {}", image.display()))
+    }
+}
+
+fn size_arg(s: &str) -> Result<u64> {
+    crate::util::parse_size(s)
+}
+
+pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
+    match &a.cmd {
+        Sub::Mkfs {
+            image,
+            size,
+            block_size,
+            inodes,
+        } => {
+            let size = size.as_deref().map(size_arg).transpose()?;
+            let bs = size_arg(block_size)?;
+            let eng = a.engine(image, size)?;
+            let sb = mkfs(
+                &eng,
+                &Mkfs {
+                    block_size: u32::try_from(bs).context("block size")?,
+                    inodes: *inodes,
+                },
+            )
+            .with_context(|| format!("mkfs {}", image.display()))?;
+            println!(
+                "{}: {} blocks of {} bytes, {} inodes, data from block {}",
+                image.display(),
+                sb.blocks,
+                sb.block_size,
+                sb.inodes,
+                sb.data_start
+            );
+        }
+        Sub::Fsck { image, repair } => {
+            let mut fs = a.mount(image)?;
+            let r = fsck::fsck(&fs);
+            for e in &r.errors {
+                println!("error: {e}");
+            }
+            if !r.leaked_blocks.is_empty() || !r.orphans.is_empty() {
+                println!(
+                    "leaked: {} blocks, {} orphan inodes {:?}",
+                    r.leaked_blocks.len(),
+                    r.orphans.len(),
+                    r.orphans
+                );
+            }
+            println!(
+                "{}: {} files, {} directories, {} blocks used, {} errors",
+                image.display(),
+                r.files,
+                r.dirs,
+                r.used_blocks,
+                r.errors.len()
+            );
+            if !r.errors.is_empty() {
+                return Ok(ExitCode::from(1));
+            }
+            if *repair && (!r.leaked_blocks.is_empty() || !r.orphans.is_empty()) {
+                fsck::repair(&mut fs, &r)?;
+                println!("repaired: leaked space freed");
+            }
+            fs.unmount()?;
+        }
+        Sub::Ls { image, path } => {
+            let fs = a.mount(image)?;
+            for e in fs.list(path)? {
+                let p = format!("{}/{}", path.trim_end_matches('/'), e.name);
+                let st = fs.stat(&p)?;
+                let kind = if e.kind == layout::KIND_DIR { 'd' } else { '-' };
+                println!("{kind} {:>12} {}", st.size, e.name);
+            }
+        }
+        Sub::Mkdir { image, path } => {
+            let mut fs = a.mount(image)?;
+            fs.mkdir(path)?;
+            fs.unmount()?;
+        }
+        Sub::Rm { image, path } => {
+            let mut fs = a.mount(image)?;
+            fs.remove(path)?;
+            fs.unmount()?;
+        }
+        Sub::CpIn {
+            image,
+            src,
+            dst,
+            force,
+            sync_every,
+        } => {
+            let every = sync_every.as_deref().map(size_arg).transpose()?;
+            let mut input: Box<dyn Read> = if src.as_os_str() == "-" {
+                Box::new(std::io::stdin())
+            } else {
+                Box::new(
+                    std::fs::File::open(src)
+                        .with_context(|| format!("cannot open {}", src.display()))?,
+                )
+            };
+            let mut fs = a.mount(image)?;
+            if fs.lookup(dst).is_ok() {
+                if !*force {
+                    bail!("{dst}: exists in {} (give --force)", image.display());
+                }
+                fs.remove(dst)?;
+            }
+            fs.create(dst)?;
+            let mut f = fs.open(dst)?;
+            let mut buf = vec![0u8; 1 << 20];
+            let (mut off, mut since) = (0u64, 0u64);
+            loop {
+                let n = input.read(&mut buf).context("read input")?;
+                if n == 0 {
+                    break;
+                }
+                fs.write(&mut f, off, &buf[..n])?;
+                off += n as u64;
+                since += n as u64;
+                if let Some(e) = every {
+                    if since >= e {
+                        fs.sync_hard(&mut f)?;
+                        since = 0;
+                        println!("synced {off}");
+                        std::io::stdout().flush()?;
+                    }
+                }
+            }
+            fs.sync_hard(&mut f)?;
+            fs.close(f)?;
+            fs.unmount()?;
+        }
+        Sub::CpOut { image, src, dst } => {
+            let mut fs = a.mount(image)?;
+            let mut f = fs.open(src)?;
+            let mut out: Box<dyn Write> = if dst.as_os_str() == "-" {
+                Box::new(std::io::stdout().lock())
+            } else {
+                Box::new(
+                    std::fs::File::create(dst)
+                        .with_context(|| format!("cannot create {}", dst.display()))?,
+                )
+            };
+            let mut buf = vec![0u8; 1 << 20];
+            let mut off = 0u64;
+            loop {
+                let n = fs.read(&mut f, off, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])?;
+                off += n as u64;
+            }
+            out.flush()?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
