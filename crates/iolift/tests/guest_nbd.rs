@@ -9,6 +9,8 @@
 //! - `fstrim`: a file deleted and `fstrim` run; the host checks that the
 //!   backing file's allocated blocks shrink (trim reached the file backend
 //!   as holes).
+//! - `timeout`: the server is paused (SIGSTOP) under `nbd-client -t 5`:
+//!   the request fails with EIO instead of hanging; see docs/guest.md.
 //! - `restart`: the server stops while the device is connected, then starts
 //!   again; the guest records what the driver does (see docs/guest.md) and
 //!   reconnects; the data written before the restart reads back.
@@ -21,6 +23,7 @@ use common::*;
 use iolift_testkit::guest::{Guest, Running};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 /// What the guest runs after the step prelude (iolift_testkit::guest).
@@ -61,6 +64,24 @@ timeout 120 fstrim -v /mnt/t
 sync
 host_request alloc-trimmed
 umount /mnt/t
+fsck.ext4 -f -n /dev/nbd0
+
+step timeout
+# A server that keeps the connection but stops answering: with
+# `nbd-client -t 5` the driver fails the request with EIO once the timeout
+# passes, and the device stays failed after the server answers again.
+nbd-client -d /dev/nbd0
+nbd "$PORT_A" /dev/nbd0 -b 4096 -t 5
+host_request pause-server
+t0=$(date +%s)
+rc=0; timeout 120 dd if=/dev/nbd0 of=/dev/null bs=4k count=1 skip=2000 iflag=direct status=none || rc=$?
+echo "io_while_paused=$rc after $(($(date +%s) - t0)) s"
+host_request resume-server
+if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then echo "I/O to a stalled server did not time out cleanly"; exit 1; fi
+rc=0; timeout 60 dd if=/dev/nbd0 of=/dev/null bs=4k count=1 skip=2001 iflag=direct status=none || rc=$?
+echo "io_after_resume_same_device=$rc"
+nbd-client -d /dev/nbd0
+nbd "$PORT_A" /dev/nbd0 -b 4096
 fsck.ext4 -f -n /dev/nbd0
 
 step restart
@@ -173,6 +194,13 @@ fn kernel_nbd_client_in_guest() {
         trimmed = allocated(&img);
         trimmed.to_string()
     });
+    let signal = |sig: &str, pid: u32| {
+        run_ok(Command::new("kill").args([sig, &pid.to_string()]));
+        sig.to_string()
+    };
+    let pid_a = a.as_ref().unwrap().pid();
+    serve(&mut g, "pause-server", || signal("-STOP", pid_a));
+    serve(&mut g, "resume-server", || signal("-CONT", pid_a));
     serve(&mut g, "stop-server", || {
         drop(a.take());
         "stopped".into()
@@ -187,7 +215,7 @@ fn kernel_nbd_client_in_guest() {
         conns.to_string()
     });
     let out = g.take().unwrap().finish();
-    out.assert_steps(&["connect", "ext4", "fstrim", "restart", "fio"]);
+    out.assert_steps(&["connect", "ext4", "fstrim", "timeout", "restart", "fio"]);
 
     // 64 MiB written then trimmed: the backing file must have given back
     // most of it as holes.
