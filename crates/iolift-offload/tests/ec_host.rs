@@ -5,8 +5,9 @@
 
 use iolift_ec::{Codec, Profile};
 use iolift_offload::kernels::ec::{check_batch, grid, tables, BLOCK};
-use std::path::Path;
-use std::process::Command;
+
+#[path = "common/host.rs"]
+mod host;
 
 type EncodeFn = unsafe extern "C" fn(
     tables: *const u8,
@@ -27,35 +28,9 @@ struct Host {
 }
 
 fn host() -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let so = dir.path().join("libec_host.so");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/ec.cu");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++17",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-fPIC",
-            "-shared",
-            "-x",
-            "c++",
-        ])
-        .arg(&src)
-        .arg("-o")
-        .arg(&so)
-        .output()
-        .unwrap_or_else(|e| panic!("{cxx} not runnable ({e}): install g++ (build-essential)"));
-    assert!(
-        out.status.success(),
-        "{cxx} failed on kernels/ec.cu:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // SAFETY: our own freshly built library; the type matches ec_host_encode.
+    let (dir, lib) = host::build("ec.cu");
+    // SAFETY: the type matches ec_host_encode.
     unsafe {
-        let lib = libloading::Library::new(&so).unwrap();
         let encode = *lib.get::<EncodeFn>(b"ec_host_encode\0").unwrap();
         Host {
             encode,

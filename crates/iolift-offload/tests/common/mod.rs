@@ -6,6 +6,8 @@
 
 use iolift_crush::CrushMap;
 use iolift_offload::kernels::crush::flat::FlatMap;
+pub mod host;
+
 pub use iolift_testkit::crushmap::{text_map, Spec};
 use iolift_testkit::Rng;
 use std::path::Path;
@@ -57,35 +59,9 @@ pub struct HostKernel {
 pub fn host_kernel() -> &'static HostKernel {
     static K: OnceLock<HostKernel> = OnceLock::new();
     K.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let so = dir.path().join("libcrush_host.so");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/crush.cu");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let out = Command::new(&cxx)
-            .args([
-                "-std=c++17",
-                "-O2",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-fPIC",
-                "-shared",
-                "-x",
-                "c++",
-            ])
-            .arg(&src)
-            .arg("-o")
-            .arg(&so)
-            .output()
-            .unwrap_or_else(|e| panic!("{cxx} not runnable ({e}): install g++ (build-essential)"));
-        assert!(
-            out.status.success(),
-            "{cxx} failed on kernels/crush.cu:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // SAFETY: our own freshly built library; symbol types match crush.cu.
+        let (dir, lib) = host::build("crush.cu");
+        // SAFETY: symbol types match crush.cu.
         unsafe {
-            let lib = libloading::Library::new(&so).unwrap();
             let thread = *lib.get::<ThreadFn>(b"crush_host_thread\0").unwrap();
             let warp = *lib.get::<WarpFn>(b"crush_host_warp\0").unwrap();
             let warp_grid = *lib.get::<ThreadFn>(b"crush_host_warp_grid\0").unwrap();
