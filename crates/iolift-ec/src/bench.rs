@@ -508,18 +508,27 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<(), Error> {
             let list = impls(k, m, size, isal.as_ref().ok(), jer.as_ref().ok(), &want)?;
             for &threads in &opts.threads {
                 for op in ["encode", "decode"] {
+                    // Repetitions alternate between the implementations
+                    // (each rep starts with the next one), so a change in
+                    // the machine's load is shared by all of them.
+                    let n = list.len();
+                    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); n];
+                    for rep in 0..opts.reps.max(1) {
+                        for i in 0..n {
+                            let at = (rep + i) % n;
+                            let im = &list[at];
+                            let f = if op == "encode" {
+                                &im.encode
+                            } else {
+                                &im.decode
+                            };
+                            samples[at].push(measure(f, k, m, size, threads, opts.ms));
+                        }
+                    }
                     let mut rows: Vec<(&str, f64)> = Vec::new();
-                    for im in &list {
-                        let f = if op == "encode" {
-                            &im.encode
-                        } else {
-                            &im.decode
-                        };
-                        let mut v: Vec<f64> = (0..opts.reps.max(1))
-                            .map(|_| measure(f, k, m, size, threads, opts.ms))
-                            .collect();
+                    for (im, v) in list.iter().zip(samples.iter_mut()) {
                         let best = v.iter().cloned().fold(0.0, f64::max);
-                        let med = median(&mut v);
+                        let med = median(v);
                         writeln!(
                             out,
                             "{op}\t{k}\t{m}\t{size}\t{threads}\t{}\t{med:.3}\t{best:.3}",

@@ -101,8 +101,24 @@ impl Isal {
         if len == 0 || rows == 0 {
             return;
         }
-        let sp: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr()).collect();
-        let dp: Vec<*mut u8> = outs.iter_mut().map(|s| s.as_mut_ptr()).collect();
+        // Pointer arrays on the stack for the usual sizes: no allocation
+        // per call (this runs once per stripe).
+        let mut sbuf = [std::ptr::null::<u8>(); 32];
+        let mut dbuf = [std::ptr::null_mut::<u8>(); 32];
+        let (sv, dv): (Vec<*const u8>, Vec<*mut u8>);
+        let (sp, dp): (&[*const u8], &[*mut u8]) = if k <= 32 && rows <= 32 {
+            for (p, s) in sbuf.iter_mut().zip(srcs) {
+                *p = s.as_ptr();
+            }
+            for (p, o) in dbuf.iter_mut().zip(outs.iter_mut()) {
+                *p = o.as_mut_ptr();
+            }
+            (&sbuf[..k], &dbuf[..rows])
+        } else {
+            sv = srcs.iter().map(|s| s.as_ptr()).collect();
+            dv = outs.iter_mut().map(|s| s.as_mut_ptr()).collect();
+            (&sv, &dv)
+        };
         // SAFETY: k source and `rows` output pointers, each valid for len
         // bytes; the outputs do not overlap the sources (distinct borrows).
         unsafe {

@@ -277,7 +277,7 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
         EcCmd::Bench(b) => {
             engine(&args)?;
             let mut km: Vec<(usize, usize)> = b.k.iter().map(|&k| (k, b.m)).collect();
-            for e in &b.extra {
+            for e in b.extra.iter().filter(|e| !e.is_empty()) {
                 let (k, m) = e
                     .split_once(':')
                     .with_context(|| format!("--extra {e}: expected K:M"))?;
