@@ -413,13 +413,19 @@ fn fio_verify_crc32c_qd32_four_connections() {
     ]));
 }
 
-#[test]
-fn sigterm_exits_zero_and_file_holds_the_data() {
+/// `iolift serve file:DIR/disk.img,size=SIZE`; the server and the file.
+fn file_server(size: &str) -> (Server, std::path::PathBuf) {
     let mut b = ServerBuilder::iolift();
     let disk = b.dir().join("disk.img");
-    let mut srv = b
-        .backend(&format!("file:{},size=16M", disk.display()))
+    let srv = b
+        .backend(&format!("file:{},size={size}", disk.display()))
         .start();
+    (srv, disk)
+}
+
+#[test]
+fn sigterm_exits_zero_and_file_holds_the_data() {
+    let (mut srv, disk) = file_server("16M");
     let src = srv.dir().join("src.bin");
     write_random_file(&src, 8 * MIB as usize, 11);
     // qemu-io writes without an explicit flush; the shutdown must flush
@@ -458,11 +464,7 @@ fn sigint_also_stops_cleanly() {
 
 #[test]
 fn kill9_after_flush_keeps_acknowledged_writes() {
-    let mut b = ServerBuilder::iolift();
-    let disk = b.dir().join("disk.img");
-    let mut srv = b
-        .backend(&format!("file:{},size=8M", disk.display()))
-        .start();
+    let (mut srv, disk) = file_server("8M");
     let py = python3_nbd();
     let script = format!(
         "import nbd\nh = nbd.NBD()\nh.connect_uri({uri:?})\n\
@@ -487,11 +489,7 @@ fn multi_conn_flush_on_another_connection_then_kill9() {
     // Writes acknowledged on connections A and B, FLUSH sent on connection
     // C only, then SIGKILL: the flush must have covered A's and B's writes
     // (the CAN_MULTI_CONN promise), so all of them are in the file.
-    let mut b = ServerBuilder::iolift();
-    let disk = b.dir().join("disk.img");
-    let mut srv = b
-        .backend(&format!("file:{},size=16M", disk.display()))
-        .start();
+    let (mut srv, disk) = file_server("16M");
     let script = format!(
         "import nbd\n\
          hs = [nbd.NBD() for _ in range(3)]\n\
