@@ -9,8 +9,8 @@
 //!   boot runs every step (see docs/guest.md and docs/ublk.md):
 //!   `memory` (mkfs.ext4, files, remount, checksums, fsck, fio verify, the
 //!   device removed when iolift stops), `file` (the same through the
-//!   cache and scheduler stages on a file backend, then served again by a
-//!   new process: fsck clean, data still there), `kill` (iolift killed
+//!   cache and scheduler stages on a file backend, then a file system
+//!   served again by a new process: fsck clean, data still there), `kill` (iolift killed
 //!   with SIGKILL while the device is up and held open: no hang, a read
 //!   gives no data, a write fails), `after-kill` (a new iolift makes a
 //!   new device that works).
@@ -82,6 +82,8 @@ stop
 step file
 serve --stage cache:size=16M,block=4k --stage scheduler --ublk file:/tmp/disk.img,size=256M
 ext4_check
+fio_check
+mkfs.ext4 -q -F $dev
 mount $dev /mnt/u
 echo persisted > /mnt/u/mark
 umount /mnt/u
