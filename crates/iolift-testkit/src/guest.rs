@@ -265,8 +265,18 @@ pub struct GuestOut {
     pub console: String,
     /// guest.sh's own messages (downloads, timing, QEMU errors).
     pub host_log: String,
-    /// The job folder (kept for a look after a failure).
+    /// The job folder: removed when this is dropped, unless the test is
+    /// failing (panicking) or `IOLIFT_KEEP_GUEST_JOB=1`, for a look.
     pub job: PathBuf,
+}
+
+impl Drop for GuestOut {
+    fn drop(&mut self) {
+        if !std::thread::panicking() && std::env::var("IOLIFT_KEEP_GUEST_JOB").as_deref() != Ok("1")
+        {
+            let _ = std::fs::remove_dir_all(&self.job);
+        }
+    }
 }
 
 impl GuestOut {
