@@ -1,6 +1,7 @@
 //! AccelFS: a model-based test (random operations against an in-memory
 //! model, compared after every step and after remounts, fsck clean
-//! throughout), the per-file cache bound, and fuzzed images (superblock,
+//! throughout; on an image file and on a loop device), the per-file cache
+//! bound, and fuzzed images (superblock,
 //! inodes, directory blocks) that must give errors, never a panic or a
 //! hang.
 
@@ -25,7 +26,10 @@ fn engine(path: &Path, size: Option<u64>) -> Engine {
 }
 
 fn fresh(path: &Path, size: u64, bs: u32) -> Fs {
-    let eng = engine(path, Some(size));
+    fresh_on(engine(path, Some(size)), bs)
+}
+
+fn fresh_on(eng: Engine, bs: u32) -> Fs {
     iolift_direct::fs::mkfs(
         &eng,
         &Mkfs {
@@ -98,129 +102,183 @@ fn random_operations_match_the_model() {
     for (seed, bs) in [(11u64, 8192u32), (12, 4096)] {
         let d = tempfile::tempdir().unwrap();
         let img = d.path().join("fs.img");
-        let mut fs = fresh(&img, 24 << 20, bs);
-        fs.set_cache_blocks(4);
-        let mut m = Model::new();
-        let mut rng = Rng::new(seed);
-        let mut open: Option<(String, iolift_direct::fs::File)> = None;
-        let names = ["a", "b", "c", "dir1", "dir2", "x"];
-        for step in 0..400 {
-            let ctx = format!("seed {seed} bs {bs} step {step}");
-            let dirs: Vec<String> = m
-                .iter()
-                .filter(|(_, v)| v.is_none())
-                .map(|(k, _)| k.clone())
-                .collect();
-            let parent = if dirs.is_empty() || rng.chance(1, 2) {
-                String::new()
-            } else {
-                rng.choose(&dirs).unwrap().clone()
-            };
-            let name = *rng.choose(&names).unwrap();
-            let path = if parent.is_empty() {
-                name.to_string()
-            } else {
-                format!("{parent}/{name}")
-            };
-            let files: Vec<String> = m
-                .iter()
-                .filter(|(_, v)| v.is_some())
-                .map(|(k, _)| k.clone())
-                .collect();
-            match rng.below(10) {
-                0 => {
-                    let r = fs.create(&path);
-                    assert_eq!(
-                        r.is_ok(),
-                        !m.contains_key(&path),
-                        "{ctx}: create {path}: {r:?}"
-                    );
-                    m.entry(path).or_insert(Some(vec![]));
-                }
-                1 => {
-                    let r = fs.mkdir(&path);
-                    assert_eq!(
-                        r.is_ok(),
-                        !m.contains_key(&path),
-                        "{ctx}: mkdir {path}: {r:?}"
-                    );
-                    m.entry(path).or_insert(None);
-                }
-                2..=5 if !files.is_empty() => {
-                    // Write through an open file (kept open across steps).
-                    let p = rng.choose(&files).unwrap().clone();
-                    if open.as_ref().map(|o| &o.0) != Some(&p) {
-                        if let Some((_, f)) = open.take() {
-                            fs.close(f).unwrap();
-                        }
-                        open = Some((p.clone(), fs.open(&p).unwrap()));
-                    }
-                    let f = &mut open.as_mut().unwrap().1;
-                    let cur = m[&p].as_ref().unwrap().len() as u64;
-                    let off = rng.below(cur + 3 * bs as u64);
-                    let max = if rng.chance(1, 4) {
-                        20 * bs as u64
-                    } else {
-                        3000
-                    };
-                    let len = 1 + rng.below(max) as usize;
-                    let data = rng.bytes(len);
-                    fs.write(f, off, &data).unwrap();
-                    let v = m.get_mut(&p).unwrap().as_mut().unwrap();
-                    if v.len() < off as usize + len {
-                        v.resize(off as usize + len, 0);
-                    }
-                    v[off as usize..off as usize + len].copy_from_slice(&data);
-                    let (cached, _) = f.cached();
-                    assert!(cached <= 4, "{ctx}: {cached} blocks cached, bound 4");
-                    // Read back a random range through the same file.
-                    let ro = rng.below(v.len() as u64 + 10);
-                    let mut got = vec![0u8; 1 + rng.index(2 * bs as usize)];
-                    let n = fs.read(f, ro, &mut got).unwrap();
-                    let want =
-                        &v[(ro as usize).min(v.len())..(ro as usize + got.len()).min(v.len())];
-                    assert_eq!(&got[..n], want, "{ctx}: read at {ro} of {p}");
-                    match rng.below(3) {
-                        0 => fs.sync_soft(f).unwrap(),
-                        1 => fs.sync_hard(f).unwrap(),
-                        _ => {}
-                    }
-                }
-                6 if !m.is_empty() => {
-                    let keys: Vec<String> = m.keys().cloned().collect();
-                    let p = rng.choose(&keys).unwrap().clone();
-                    if open.as_ref().map(|o| &o.0) == Some(&p) {
-                        fs.close(open.take().unwrap().1).unwrap();
-                    }
-                    let has_children = m.keys().any(|k| k.starts_with(&format!("{p}/")));
-                    let r = fs.remove(&p);
-                    assert_eq!(r.is_ok(), !has_children, "{ctx}: remove {p}: {r:?}");
-                    if r.is_ok() {
-                        m.remove(&p);
-                    }
-                }
-                7 => {
+        model_run(engine(&img, Some(24 << 20)), seed, bs, 400);
+    }
+}
+
+/// A loop device over an image in the temp dir, detached on drop.
+struct Loop(String);
+
+impl Loop {
+    fn new(img: &Path) -> Loop {
+        let o = std::process::Command::new("losetup")
+            .args(["-f", "--show", "--direct-io=on"])
+            .arg(img)
+            .output()
+            .expect("losetup: not installed");
+        assert!(
+            o.status.success(),
+            "losetup -f --show {}: {} (this test needs root and loop devices)",
+            img.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Loop(String::from_utf8(o.stdout).unwrap().trim().to_string())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+#[test]
+fn random_operations_on_a_loop_device() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("fs.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let lo = Loop::new(&img);
+    let t = Target::open(
+        Path::new(&lo.0),
+        &Open {
+            direct: Direct::On,
+            ..Open::default()
+        },
+    )
+    .unwrap();
+    assert!(t.is_block() && t.is_direct());
+    model_run(Engine::new(t, Config::default()).unwrap(), 13, 8192, 200);
+}
+
+/// Random operations against the model on a fresh file system; see the
+/// module docs.
+fn model_run(eng: Engine, seed: u64, bs: u32, steps: usize) {
+    let mut fs = fresh_on(eng, bs);
+    fs.set_cache_blocks(4);
+    let mut m = Model::new();
+    let mut rng = Rng::new(seed);
+    let mut open: Option<(String, iolift_direct::fs::File)> = None;
+    let names = ["a", "b", "c", "dir1", "dir2", "x"];
+    for step in 0..steps {
+        let ctx = format!("seed {seed} bs {bs} step {step}");
+        let dirs: Vec<String> = m
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let parent = if dirs.is_empty() || rng.chance(1, 2) {
+            String::new()
+        } else {
+            rng.choose(&dirs).unwrap().clone()
+        };
+        let name = *rng.choose(&names).unwrap();
+        let path = if parent.is_empty() {
+            name.to_string()
+        } else {
+            format!("{parent}/{name}")
+        };
+        let files: Vec<String> = m
+            .iter()
+            .filter(|(_, v)| v.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        match rng.below(10) {
+            0 => {
+                let r = fs.create(&path);
+                assert_eq!(
+                    r.is_ok(),
+                    !m.contains_key(&path),
+                    "{ctx}: create {path}: {r:?}"
+                );
+                m.entry(path).or_insert(Some(vec![]));
+            }
+            1 => {
+                let r = fs.mkdir(&path);
+                assert_eq!(
+                    r.is_ok(),
+                    !m.contains_key(&path),
+                    "{ctx}: mkdir {path}: {r:?}"
+                );
+                m.entry(path).or_insert(None);
+            }
+            2..=5 if !files.is_empty() => {
+                // Write through an open file (kept open across steps).
+                let p = rng.choose(&files).unwrap().clone();
+                if open.as_ref().map(|o| &o.0) != Some(&p) {
                     if let Some((_, f)) = open.take() {
                         fs.close(f).unwrap();
                     }
-                    fs = remount(fs);
-                    fs.set_cache_blocks(4);
+                    open = Some((p.clone(), fs.open(&p).unwrap()));
                 }
-                _ => {}
+                let f = &mut open.as_mut().unwrap().1;
+                let cur = m[&p].as_ref().unwrap().len() as u64;
+                let off = rng.below(cur + 3 * bs as u64);
+                let max = if rng.chance(1, 4) {
+                    20 * bs as u64
+                } else {
+                    3000
+                };
+                let len = 1 + rng.below(max) as usize;
+                let data = rng.bytes(len);
+                fs.write(f, off, &data).unwrap();
+                let v = m.get_mut(&p).unwrap().as_mut().unwrap();
+                if v.len() < off as usize + len {
+                    v.resize(off as usize + len, 0);
+                }
+                v[off as usize..off as usize + len].copy_from_slice(&data);
+                let (cached, _) = f.cached();
+                assert!(cached <= 4, "{ctx}: {cached} blocks cached, bound 4");
+                // Read back a random range through the same file.
+                let ro = rng.below(v.len() as u64 + 10);
+                let mut got = vec![0u8; 1 + rng.index(2 * bs as usize)];
+                let n = fs.read(f, ro, &mut got).unwrap();
+                let want = &v[(ro as usize).min(v.len())..(ro as usize + got.len()).min(v.len())];
+                assert_eq!(&got[..n], want, "{ctx}: read at {ro} of {p}");
+                match rng.below(3) {
+                    0 => fs.sync_soft(f).unwrap(),
+                    1 => fs.sync_hard(f).unwrap(),
+                    _ => {}
+                }
             }
-            // After every step: the model, and fsck once no file is open.
-            if open.is_none() {
-                compare(&mut fs, &m, &ctx);
-                assert_clean(&fs, &ctx);
+            6 if !m.is_empty() => {
+                let keys: Vec<String> = m.keys().cloned().collect();
+                let p = rng.choose(&keys).unwrap().clone();
+                if open.as_ref().map(|o| &o.0) == Some(&p) {
+                    fs.close(open.take().unwrap().1).unwrap();
+                }
+                let has_children = m.keys().any(|k| k.starts_with(&format!("{p}/")));
+                let r = fs.remove(&p);
+                assert_eq!(r.is_ok(), !has_children, "{ctx}: remove {p}: {r:?}");
+                if r.is_ok() {
+                    m.remove(&p);
+                }
             }
+            7 => {
+                if let Some((_, f)) = open.take() {
+                    fs.close(f).unwrap();
+                }
+                fs = remount(fs);
+                fs.set_cache_blocks(4);
+            }
+            _ => {}
         }
-        if let Some((_, f)) = open.take() {
-            fs.close(f).unwrap();
+        // After every step: the model, and fsck once no file is open.
+        if open.is_none() {
+            compare(&mut fs, &m, &ctx);
+            assert_clean(&fs, &ctx);
         }
-        let mut fs = remount(fs);
-        compare(&mut fs, &m, &format!("seed {seed}: final remount"));
-        assert_clean(&fs, "final");
     }
+    if let Some((_, f)) = open.take() {
+        fs.close(f).unwrap();
+    }
+    let mut fs = remount(fs);
+    compare(&mut fs, &m, &format!("seed {seed}: final remount"));
+    assert_clean(&fs, "final");
 }
 
 #[test]
