@@ -1,9 +1,8 @@
 //! AccelFS: a model-based test (random operations against an in-memory
 //! model, compared after every step and after remounts, fsck clean
 //! throughout; on an image file and on a loop device), the per-file cache
-//! bound, and fuzzed images (superblock,
-//! inodes, directory blocks) that must give errors, never a panic or a
-//! hang.
+//! bound, and fuzzed images (superblock, inodes, directory blocks) that
+//! must give errors, never a panic or a hang.
 
 use iolift_direct::fs::{fsck, layout, Fs, Mkfs};
 use iolift_direct::{Config, Direct, Engine, Open, Target};
