@@ -5,6 +5,7 @@ use crate::isal::Isal;
 use crate::matrix::{self, Matrix};
 use crate::profile::{Plugin, Profile, Technique};
 use crate::region::{BitPlan, NativePlan};
+use crate::wide::{self, Wide, WidePlan};
 use crate::Error;
 
 /// Which kernels multiply matrices by chunks. All give the same bytes.
@@ -41,6 +42,8 @@ pub enum Plan {
     Isal(&'static Isal, Vec<u8>, usize, usize),
     Native(NativePlan),
     Bits(BitPlan),
+    /// w = 16 or 32: words multiplied in GF(2^w).
+    Wide(WidePlan),
 }
 
 impl Plan {
@@ -53,6 +56,7 @@ impl Plan {
             }
             Plan::Native(p) => p.run(srcs, outs),
             Plan::Bits(p) => p.run(srcs, outs),
+            Plan::Wide(p) => p.run(srcs, outs),
         }
     }
 
@@ -63,6 +67,7 @@ impl Plan {
             Plan::Native(p) if p.uses_avx2() => "avx2",
             Plan::Native(_) => "scalar",
             Plan::Bits(_) => "bitmatrix",
+            Plan::Wide(_) => "wide",
         }
     }
 }
@@ -70,8 +75,10 @@ impl Plan {
 /// An erasure code for one profile.
 pub struct Codec {
     profile: Profile,
-    /// (k+m) x k generator: identity, then the parity rows.
+    /// (k+m) x k generator: identity, then the parity rows (w = 8).
     gen: Matrix,
+    /// For w = 16 and 32: the field and the generator's elements.
+    wide: Option<(Wide, Vec<u32>)>,
     engine: Engine,
     encode_plan: Plan,
 }
@@ -86,6 +93,33 @@ impl Codec {
             Isal::get().map_err(|e| Error::Invalid(format!("ISA-L is not available: {e}")))?;
         }
         let (k, m) = (profile.k, profile.m);
+        if profile.w != 8 {
+            let f = Wide::new(profile.w);
+            let parity = match profile.technique {
+                Technique::ReedSolVan => matrix::vandermonde_rows(&f, k, m),
+                Technique::ReedSolR6Op => wide::r6_rows(&f, k),
+                t => {
+                    return Err(Error::Profile(format!(
+                        "w={} is not supported for {}",
+                        profile.w,
+                        t.name()
+                    )))
+                }
+            };
+            let mut gen = vec![0u32; k * k];
+            for i in 0..k {
+                gen[i * k + i] = 1;
+            }
+            gen.extend_from_slice(&parity);
+            let encode_plan = Plan::Wide(WidePlan::new(&f, m, k, &parity));
+            return Ok(Codec {
+                profile: profile.clone(),
+                gen: Matrix::zero(0, k),
+                wide: Some((f, gen)),
+                engine,
+                encode_plan,
+            });
+        }
         let parity = match profile.technique {
             Technique::ReedSolVan => matrix::jerasure_rs_vandermonde(k, m),
             Technique::ReedSolR6Op => matrix::jerasure_rs_r6(k),
@@ -103,6 +137,7 @@ impl Codec {
         Ok(Codec {
             profile: profile.clone(),
             gen,
+            wide: None,
             engine,
             encode_plan,
         })
@@ -112,8 +147,12 @@ impl Codec {
         &self.profile
     }
 
-    /// The m x k parity rows.
+    /// The m x k parity rows (w = 8 only).
+    ///
+    /// # Panics
+    /// For w = 16 and 32, whose elements do not fit a byte.
     pub fn parity_matrix(&self) -> Matrix {
+        assert!(self.wide.is_none(), "parity_matrix: w = {}", self.profile.w);
         let k = self.profile.k;
         Matrix {
             rows: self.profile.m,
@@ -128,6 +167,14 @@ impl Codec {
     }
 
     fn check_len(&self, len: usize) -> Result<(), Error> {
+        if let Some((f, _)) = &self.wide {
+            if !len.is_multiple_of(f.bytes()) {
+                return Err(Error::Invalid(format!(
+                    "chunk length {len} is not a multiple of the word size ({} bytes)",
+                    f.bytes()
+                )));
+            }
+        }
         if self.profile.technique.is_bitmatrix() {
             let block = 8 * self.profile.packetsize;
             if !len.is_multiple_of(block) {
@@ -173,6 +220,14 @@ impl Codec {
             return Err(Error::Shards(format!(
                 "chunk {bad} does not exist (k+m = {n})"
             )));
+        }
+        if let Some((f, gen)) = &self.wide {
+            let rows = matrix::recovery(f, k, gen, have, want).ok_or_else(|| {
+                Error::Shards(format!(
+                    "chunks {have:?} are not independent: cannot decode"
+                ))
+            })?;
+            return Ok(Plan::Wide(WidePlan::new(f, want.len(), k, &rows)));
         }
         let rows = matrix::recovery_rows(&self.gen, have, want).ok_or_else(|| {
             Error::Shards(format!(

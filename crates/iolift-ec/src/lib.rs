@@ -13,6 +13,7 @@ pub mod matrix;
 pub mod profile;
 pub mod region;
 pub mod stripe;
+pub mod wide;
 
 pub use codec::{Codec, Engine, Plan};
 pub use profile::{Plugin, Profile, Technique};

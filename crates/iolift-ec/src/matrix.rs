@@ -67,35 +67,13 @@ impl Matrix {
     /// when it is singular.
     pub fn invert(&self) -> Option<Matrix> {
         assert_eq!(self.rows, self.cols);
-        let n = self.rows;
-        let mut a = self.clone();
-        let mut inv = Matrix::identity(n);
-        for col in 0..n {
-            let pivot = (col..n).find(|&r| a.get(r, col) != 0)?;
-            if pivot != col {
-                for c in 0..n {
-                    a.data.swap(pivot * n + c, col * n + c);
-                    inv.data.swap(pivot * n + c, col * n + c);
-                }
-            }
-            let p = gf::inv(a.get(col, col));
-            for c in 0..n {
-                a.set(col, c, gf::mul(a.get(col, c), p));
-                inv.set(col, c, gf::mul(inv.get(col, c), p));
-            }
-            for r in 0..n {
-                let f = a.get(r, col);
-                if r != col && f != 0 {
-                    for c in 0..n {
-                        let v = a.get(r, c) ^ gf::mul(f, a.get(col, c));
-                        a.set(r, c, v);
-                        let v = inv.get(r, c) ^ gf::mul(f, inv.get(col, c));
-                        inv.set(r, c, v);
-                    }
-                }
-            }
-        }
-        Some(inv)
+        let a: Vec<u32> = self.data.iter().map(|&e| e as u32).collect();
+        let inv = invert_square(&Gf8, self.rows, &a)?;
+        Some(Matrix {
+            rows: self.rows,
+            cols: self.cols,
+            data: inv.into_iter().map(|e| e as u8).collect(),
+        })
     }
 }
 
@@ -109,43 +87,55 @@ impl Matrix {
 /// part is scaled so the first parity row is all ones, and each later parity
 /// row is scaled so its first element is 1. Needs k + m <= 256.
 pub fn jerasure_rs_vandermonde(k: usize, m: usize) -> Matrix {
+    assert!(k + m <= 256 && k >= 1);
+    Matrix {
+        rows: m,
+        cols: k,
+        data: vandermonde_rows(&Gf8, k, m)
+            .into_iter()
+            .map(|e| e as u8)
+            .collect(),
+    }
+}
+
+/// [`jerasure_rs_vandermonde`] in any field: the m x k parity rows,
+/// row-major. Needs k + m <= the field's size.
+pub fn vandermonde_rows<F: Field>(f: &F, k: usize, m: usize) -> Vec<u32> {
     let rows = k + m;
-    assert!(rows <= 256 && k >= 1);
-    let mut d = Matrix::zero(rows, k);
-    d.set(0, 0, 1);
+    let mut d = vec![0u32; rows * k];
+    d[0] = 1;
     if rows > 1 {
-        d.set(rows - 1, k - 1, 1);
+        d[(rows - 1) * k + k - 1] = 1;
     }
     for i in 1..rows.saturating_sub(1) {
-        let mut p = 1u8;
+        let mut p = 1u32;
         for j in 0..k {
-            d.set(i, j, p);
-            p = gf::mul(p, i as u8);
+            d[i * k + j] = p;
+            p = f.mul(p, i as u32);
         }
     }
     for i in 1..k {
         // A row at or below i with a non-zero element in column i.
         let r = (i..rows)
-            .find(|&r| d.get(r, i) != 0)
+            .find(|&r| d[r * k + i] != 0)
             .expect("extended Vandermonde matrix has full rank");
         if r != i {
             for c in 0..k {
-                d.data.swap(r * k + c, i * k + c);
+                d.swap(r * k + c, i * k + c);
             }
         }
-        let e = d.get(i, i);
+        let e = d[i * k + i];
         if e != 1 {
-            let s = gf::inv(e);
+            let s = f.inv(e);
             for row in 0..rows {
-                d.set(row, i, gf::mul(s, d.get(row, i)));
+                d[row * k + i] = f.mul(s, d[row * k + i]);
             }
         }
         for j in 0..k {
-            let f = d.get(i, j);
-            if j != i && f != 0 {
+            let g = d[i * k + j];
+            if j != i && g != 0 {
                 for row in 0..rows {
-                    let v = d.get(row, j) ^ gf::mul(f, d.get(row, i));
-                    d.set(row, j, v);
+                    d[row * k + j] ^= f.mul(g, d[row * k + i]);
                 }
             }
         }
@@ -153,29 +143,106 @@ pub fn jerasure_rs_vandermonde(k: usize, m: usize) -> Matrix {
     // Row k (the first parity row) becomes all ones: scale the parity part
     // of each column.
     for j in 0..k {
-        let e = d.get(k, j);
+        let e = d[k * k + j];
         if e != 1 {
-            let s = gf::inv(e);
+            let s = f.inv(e);
             for row in k..rows {
-                d.set(row, j, gf::mul(s, d.get(row, j)));
+                d[row * k + j] = f.mul(s, d[row * k + j]);
             }
         }
     }
     // Each later parity row starts with 1.
     for row in k + 1..rows {
-        let e = d.get(row, 0);
+        let e = d[row * k];
         if e != 1 {
-            let s = gf::inv(e);
+            let s = f.inv(e);
             for j in 0..k {
-                d.set(row, j, gf::mul(d.get(row, j), s));
+                d[row * k + j] = f.mul(d[row * k + j], s);
             }
         }
     }
-    Matrix {
-        rows: m,
-        cols: k,
-        data: d.data[k * k..].to_vec(),
+    d.split_off(k * k)
+}
+
+/// A Galois field GF(2^w) with elements as u32.
+pub trait Field {
+    fn mul(&self, a: u32, b: u32) -> u32;
+    fn inv(&self, a: u32) -> u32;
+}
+
+/// GF(2^8) through the tables of [`gf`].
+pub struct Gf8;
+
+impl Field for Gf8 {
+    fn mul(&self, a: u32, b: u32) -> u32 {
+        gf::mul(a as u8, b as u8) as u32
     }
+    fn inv(&self, a: u32) -> u32 {
+        gf::inv(a as u8) as u32
+    }
+}
+
+/// The inverse of the n x n matrix `a` (row-major) by Gauss-Jordan
+/// elimination, or None when it is singular.
+pub fn invert_square<F: Field>(f: &F, n: usize, a: &[u32]) -> Option<Vec<u32>> {
+    assert_eq!(a.len(), n * n);
+    let mut a = a.to_vec();
+    let mut inv = vec![0u32; n * n];
+    for i in 0..n {
+        inv[i * n + i] = 1;
+    }
+    for col in 0..n {
+        let pivot = (col..n).find(|&r| a[r * n + col] != 0)?;
+        if pivot != col {
+            for c in 0..n {
+                a.swap(pivot * n + c, col * n + c);
+                inv.swap(pivot * n + c, col * n + c);
+            }
+        }
+        let p = f.inv(a[col * n + col]);
+        for c in 0..n {
+            a[col * n + c] = f.mul(a[col * n + c], p);
+            inv[col * n + c] = f.mul(inv[col * n + c], p);
+        }
+        for r in 0..n {
+            let g = a[r * n + col];
+            if r != col && g != 0 {
+                for c in 0..n {
+                    a[r * n + c] ^= f.mul(g, a[col * n + c]);
+                    inv[r * n + c] ^= f.mul(g, inv[col * n + c]);
+                }
+            }
+        }
+    }
+    Some(inv)
+}
+
+/// Rows (row-major, `want.len()` x k) that rebuild chunks `want` from the
+/// k chunks `have`, for a (k+m) x k generator `gen` in field `f`.
+pub fn recovery<F: Field>(
+    f: &F,
+    k: usize,
+    gen: &[u32],
+    have: &[usize],
+    want: &[usize],
+) -> Option<Vec<u32>> {
+    assert_eq!(have.len(), k);
+    let sub: Vec<u32> = have
+        .iter()
+        .flat_map(|&id| gen[id * k..(id + 1) * k].iter().copied())
+        .collect();
+    let inv = invert_square(f, k, &sub)?;
+    let mut out = vec![0u32; want.len() * k];
+    for (r, &id) in want.iter().enumerate() {
+        for c in 0..k {
+            let mut acc = 0;
+            for i in 0..k {
+                acc ^= f.mul(gen[id * k + i], inv[i * k + c]);
+            }
+            out[r * k + c] = acc;
+        }
+    }
+    Some(out)
 }
 
 /// jerasure `reed_sol_r6_op` (RAID-6, m = 2): P is the XOR of the data, Q is
@@ -326,18 +393,13 @@ pub fn generator(parity: &Matrix) -> Matrix {
 /// combination of the `have` chunks in the order given. None when the
 /// chosen rows are not independent (cannot happen for an MDS code).
 pub fn recovery_rows(gen: &Matrix, have: &[usize], want: &[usize]) -> Option<Matrix> {
-    let k = gen.cols;
-    assert_eq!(have.len(), k);
-    let mut sub = Matrix::zero(k, k);
-    for (r, &id) in have.iter().enumerate() {
-        sub.data[r * k..(r + 1) * k].copy_from_slice(gen.row(id));
-    }
-    let inv = sub.invert()?;
-    let mut wanted = Matrix::zero(want.len(), k);
-    for (r, &id) in want.iter().enumerate() {
-        wanted.data[r * k..(r + 1) * k].copy_from_slice(gen.row(id));
-    }
-    Some(wanted.mul(&inv))
+    let g: Vec<u32> = gen.data.iter().map(|&e| e as u32).collect();
+    let rows = recovery(&Gf8, gen.cols, &g, have, want)?;
+    Some(Matrix {
+        rows: want.len(),
+        cols: gen.cols,
+        data: rows.into_iter().map(|e| e as u8).collect(),
+    })
 }
 
 /// The bit matrix of a GF(2^8) matrix: each element e becomes the 8x8 block

@@ -178,11 +178,6 @@ impl Profile {
                 if ![8, 16, 32].contains(&w) {
                     return Err(bad(format!("w={w} must be one of 8, 16, 32")));
                 }
-                if w != 8 {
-                    return Err(bad(format!(
-                        "w={w} is not supported by iolift yet (only w=8)"
-                    )));
-                }
                 if technique == Technique::ReedSolR6Op && m != 2 {
                     return Err(bad(format!("m={m} must be 2 for reed_sol_r6_op (RAID-6)")));
                 }
@@ -219,10 +214,12 @@ impl Profile {
             }
             Technique::IsaCauchy => {}
         }
-        if k + m > 256 {
+        if w == 8 && k + m > 256 {
             return Err(bad(format!("k+m={} must be <= 256 in GF(2^8)", k + m)));
         }
         let w = if plugin == Plugin::Isa { 8 } else { w as usize };
+        // Ceph's reed_sol_r6_op does not read jerasure-per-chunk-alignment.
+        let per_chunk_alignment = per_chunk_alignment && technique != Technique::ReedSolR6Op;
         Ok(Profile {
             plugin,
             technique,
@@ -325,6 +322,7 @@ mod tests {
             ("plugin=jerasure,technique=reed_sol_r6_op,k=3,m=3", "m=3"),
             ("plugin=jerasure,technique=foo,k=3,m=2", "technique=foo"),
             ("plugin=jerasure,technique=reed_sol_van,k=3,m=2,w=7", "w=7"),
+            ("plugin=jerasure,technique=cauchy_good,k=3,m=2,w=16", "w=16"),
             (
                 "plugin=jerasure,technique=cauchy_orig,k=3,m=2,packetsize=12",
                 "packetsize=12",

@@ -106,11 +106,17 @@ fn encode_matches_ceph_for_every_technique() {
                 format!("plugin=jerasure,technique=reed_sol_van,k={k},m={m},jerasure-per-chunk-alignment=true"),
                 128,
             ),
+            (format!("plugin=jerasure,technique=reed_sol_van,k={k},m={m},w=16"), 64),
+            (format!("plugin=jerasure,technique=reed_sol_van,k={k},m={m},w=32"), 128),
         ];
         if m == 2 {
             profiles.push((
                 format!("plugin=jerasure,technique=reed_sol_r6_op,k={k},m=2"),
                 32,
+            ));
+            profiles.push((
+                format!("plugin=jerasure,technique=reed_sol_r6_op,k={k},m=2,w=32"),
+                128,
             ));
         }
         for (profile, unit) in profiles {
@@ -124,7 +130,7 @@ fn encode_matches_ceph_for_every_technique() {
             }
         }
     }
-    assert!(cases > 150);
+    assert!(cases > 200);
 }
 
 #[test]
@@ -136,6 +142,9 @@ fn chunk_size_matches_ceph() {
         "plugin=jerasure,technique=reed_sol_van,k=3,m=2",
         "plugin=jerasure,technique=reed_sol_van,k=6,m=3,jerasure-per-chunk-alignment=true",
         "plugin=jerasure,technique=reed_sol_r6_op,k=7,m=2",
+        "plugin=jerasure,technique=reed_sol_van,k=5,m=2,w=16",
+        "plugin=jerasure,technique=reed_sol_r6_op,k=4,m=2,jerasure-per-chunk-alignment=true",
+        "plugin=jerasure,technique=reed_sol_r6_op,k=6,m=2,w=32,jerasure-per-chunk-alignment=true",
         "plugin=jerasure,technique=cauchy_good,k=4,m=2,packetsize=8",
         "plugin=jerasure,technique=cauchy_orig,k=5,m=3,packetsize=24",
         "plugin=jerasure,technique=cauchy_good,k=5,m=3,packetsize=2048,jerasure-per-chunk-alignment=true",
@@ -173,6 +182,8 @@ fn decode_every_erasure_pattern() {
             256,
         ),
         ("plugin=jerasure,technique=reed_sol_r6_op,k=5,m=2", 32),
+        ("plugin=jerasure,technique=reed_sol_van,k=5,m=3,w=16", 64),
+        ("plugin=jerasure,technique=reed_sol_van,k=4,m=3,w=32", 128),
     ] {
         let p = Profile::parse(profile).unwrap();
         let (k, n) = (p.k, p.chunk_count());

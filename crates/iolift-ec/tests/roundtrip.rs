@@ -11,7 +11,10 @@ fn profile_text(tech: usize, k: usize, m: usize) -> String {
         2 => format!("plugin=jerasure,technique=cauchy_orig,k={k},m={m},packetsize=8"),
         3 => format!("plugin=jerasure,technique=cauchy_good,k={k},m={m},packetsize=16"),
         4 => format!("plugin=isa,technique=reed_sol_van,k={k},m={}", m.min(4)),
-        _ => format!("plugin=isa,technique=cauchy,k={k},m={m}"),
+        6 => format!("plugin=jerasure,technique=reed_sol_van,k={k},m={m},w=16"),
+        7 => format!("plugin=jerasure,technique=reed_sol_van,k={k},m={m},w=32"),
+        5 => format!("plugin=isa,technique=cauchy,k={k},m={m}"),
+        _ => format!("plugin=jerasure,technique=reed_sol_r6_op,k={k},m=2,w=16"),
     }
 }
 
@@ -20,7 +23,7 @@ proptest! {
 
     #[test]
     fn decode_inverts_encode(
-        tech in 0usize..6,
+        tech in 0usize..9,
         k in 2usize..=16,
         m in 1usize..=6,
         mult in 1usize..=4,
