@@ -23,7 +23,7 @@ pub trait Device: Send + Sync + 'static {
     fn launch(&self, job: &mut dyn Launch);
 }
 
-/// Work that can run on each kind of device (see `kernels::run_batch`).
+/// Work that can run on each kind of device (see `kernel::run_batch`).
 pub trait Launch {
     fn on_cpu(&mut self, cpu: &CpuDevice);
     fn on_cuda(&mut self, gpu: &CudaDevice);

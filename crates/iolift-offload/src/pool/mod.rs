@@ -6,7 +6,7 @@
 //!
 //! The pool runs any `Kernel` (kernels/mod.rs): a task is one
 //! `K::Input`, completed with one `K::Item`; a batch runs as one launch of
-//! the kernel on one processing element (`kernels::run_batch`).
+//! the kernel on one processing element (`kernel::run_batch`).
 //!
 //! A *group* (`submit_group`) is many tasks with one completion and one
 //! result buffer (one `K::Output`, e.g. CRUSH's flat `Mapping`): the pool
@@ -32,7 +32,7 @@ mod slot;
 
 use crate::device::Device;
 use crate::error::{OffloadError, Result};
-use crate::kernels::{run_batch, Kernel};
+use crate::kernel::{run_batch, Kernel};
 use slot::{spin_until, Slot};
 use std::collections::VecDeque;
 use std::future::Future;
