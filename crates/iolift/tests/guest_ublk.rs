@@ -7,7 +7,7 @@
 //!   (`modprobe ublk_drv`), iolift runs INSIDE the guest (the binary cargo
 //!   built, seen through the guest's 9p root) and serves /dev/ublkbN; one
 //!   boot runs every step (see docs/guest.md and docs/ublk.md):
-//!   `memory` (mkfs.ext4, files, remount, checksums, fsck, fio verify, the
+//!   `memory` (two queues; mkfs.ext4, files, remount, checksums, fsck, fio verify, the
 //!   device removed when iolift stops), `file` (the same through the
 //!   cache and scheduler stages on a file backend, then a file system
 //!   served again by a new process: fsck clean, data still there), `kill` (iolift killed
@@ -72,7 +72,8 @@ fio_check() {
 }
 
 step memory
-serve --ublk memory:256M
+serve --ublk-queues 2 --ublk-depth 32 --ublk memory:256M
+echo "queues=$(ls /sys/block/${dev#/dev/}/mq | wc -l)"
 echo "size=$(blockdev --getsize64 $dev)"
 [ "$(blockdev --getsize64 $dev)" = $((256 << 20)) ]
 ext4_check
@@ -138,6 +139,12 @@ fn ublk_in_guest() {
         .run();
     out.assert_steps(&["memory", "file", "kill", "after-kill"]);
     assert_eq!(out.value("size").as_deref(), Some("268435456"));
+    assert_eq!(
+        out.value("queues").as_deref(),
+        Some("2"),
+        "{}",
+        out.report()
+    );
 }
 
 #[test]
