@@ -9,6 +9,7 @@
 //! tcp = "127.0.0.1:10809"          # also listen on TCP (HOST:PORT, HOST or :PORT)
 //! read_only = false                # every export read-only
 //! max_request = "32M"              # largest read/write payload
+//! max_inflight = "256M"            # bytes of requests in flight, all connections together
 //! threads = 2                      # tokio worker threads
 //! poll_us = 100                    # poll mode budget, microseconds (0 = off)
 //! coalesce_us = 50                 # longest coalescing pause, microseconds (0 = off)
@@ -92,6 +93,11 @@ pub struct Flags {
     /// Largest read/write payload accepted [default: 32M].
     #[arg(long, value_name = "SIZE")]
     pub max_request: Option<String>,
+    /// Bytes of requests in flight over all connections together (their
+    /// payloads and read buffers); readers wait for it in turn
+    /// [default: 256M]. Each connection is also held to 64M.
+    #[arg(long, value_name = "SIZE")]
+    pub max_inflight: Option<String>,
     /// Write the server's pid here once listening; removed at exit.
     #[arg(long, value_name = "PATH")]
     pub pidfile: Option<PathBuf>,
@@ -152,6 +158,7 @@ pub struct Config {
     #[serde(default)]
     pub read_only: bool,
     pub max_request: Option<SizeValue>,
+    pub max_inflight: Option<SizeValue>,
     pub threads: Option<usize>,
     pub poll_us: Option<u64>,
     pub coalesce_us: Option<u64>,
@@ -200,6 +207,9 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         if let Some(m) = &self.max_request {
             max_request(m.bytes("max_request")?).context("max_request")?;
+        }
+        if let Some(m) = &self.max_inflight {
+            max_inflight(m.bytes("max_inflight")?).context("max_inflight")?;
         }
         if let Some(t) = &self.tcp {
             parse_tcp_addr(t).context("tcp")?;
@@ -261,6 +271,8 @@ pub struct Settings {
     /// TCP listener: host and port.
     pub tcp: Option<(String, u16)>,
     pub max_request: u32,
+    /// Server-wide cap on bytes of requests in flight.
+    pub max_inflight: u64,
     pub threads: usize,
     /// Poll-mode budget per read, microseconds (0 = off).
     pub poll_us: u64,
@@ -343,6 +355,13 @@ impl Settings {
             (None, Some(v)) => max_request(v.bytes("max_request")?).context("max_request")?,
             (None, None) => DEFAULT_MAX_REQUEST,
         };
+        let max_inflight = match (&f.max_inflight, &cfg.max_inflight) {
+            (Some(s), _) => crate::util::parse_size(s)
+                .and_then(max_inflight)
+                .context("--max-inflight")?,
+            (None, Some(v)) => max_inflight(v.bytes("max_inflight")?).context("max_inflight")?,
+            (None, None) => crate::nbd::DEFAULT_MAX_INFLIGHT,
+        };
         let threads = match f.threads {
             Some(n) => threads(Some(n)).context("--threads")?,
             None => cfg.threads.unwrap_or(DEFAULT_THREADS),
@@ -394,6 +413,7 @@ impl Settings {
             socket,
             tcp,
             max_request,
+            max_inflight,
             threads,
             poll_us,
             coalesce_us,
@@ -473,6 +493,16 @@ pub fn max_request(n: u64) -> Result<u32> {
         bail!("{n} out of range (512 bytes to 4G-1)");
     }
     Ok(n as u32)
+}
+
+/// The server-wide in-flight budget: at least one largest request's worth
+/// (1M), at most what a semaphore counts.
+pub fn max_inflight(n: u64) -> Result<u64> {
+    let max = tokio::sync::Semaphore::MAX_PERMITS as u64;
+    if !(1 << 20..=max).contains(&n) {
+        bail!("{n} out of range (1M to {max} bytes)");
+    }
+    Ok(n)
 }
 
 fn threads(n: Option<usize>) -> Result<usize> {

@@ -57,6 +57,7 @@ pub fn start<'a>(
             s.default_export.clone(),
             ServerCfg {
                 max_request: s.max_request,
+                max_inflight: s.max_inflight,
                 poll: Duration::from_micros(s.poll_us),
                 poll_spinners: s.threads.saturating_sub(1).max(1),
                 coalesce: Duration::from_micros(s.coalesce_us),
