@@ -47,8 +47,18 @@ impl BackendSpec {
     }
 
     /// The positional argument as a size (`null:1G`, `memory:1G`).
+    /// A zero size fails, naming the value: a device of no bytes.
     pub fn size_arg(&self) -> Result<u64> {
-        crate::util::parse_size(&self.arg).with_context(|| format!("backend {}: SIZE", self.kind))
+        let n = crate::util::parse_size(&self.arg)
+            .with_context(|| format!("backend {}: SIZE", self.kind))?;
+        if n == 0 {
+            bail!(
+                "backend {}: SIZE {:?} is zero: a device needs at least one byte",
+                self.kind,
+                self.arg
+            );
+        }
+        Ok(n)
     }
 }
 
