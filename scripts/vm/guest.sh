@@ -111,6 +111,8 @@ fetch_kernel() {
     log "downloading $pkg (unpacked into $CACHE, not installed)"
     rm -rf "$CACHE/deb" "$CACHE/kernel"
     mkdir -p "$CACHE/deb" "$CACHE/kernel.new"
+    # apt downloads as its sandbox user where it can write
+    chown _apt "$CACHE/deb" 2>/dev/null || true
     (cd "$CACHE/deb" && apt-get "${APT[@]}" download -q "$pkg" >/dev/null)
     dpkg-deb -x "$CACHE"/deb/*.deb "$CACHE/kernel.new/root"
     local mods=$CACHE/kernel.new/root/lib/modules
