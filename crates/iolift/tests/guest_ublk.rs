@@ -10,7 +10,9 @@
 //!   `memory` (two queues; mkfs.ext4, files, remount, checksums, fsck, fio verify, the
 //!   device removed when iolift stops), `file` (the same through the
 //!   cache and scheduler stages on a file backend, then a file system
-//!   served again by a new process: fsck clean, data still there), `kill` (iolift killed
+//!   served again by a new process: fsck clean, data still there; fstrim
+//!   punching holes in the file), `read-only` (`--read-only`: the device
+//!   is read-only, writes fail), `kill` (iolift killed
 //!   with SIGKILL while the device is up and held open: no hang, a read
 //!   gives no data, a write fails), `after-kill` (a new iolift makes a
 //!   new device that works).
@@ -87,6 +89,16 @@ fio_check
 mkfs.ext4 -q -F $dev
 mount $dev /mnt/u
 echo persisted > /mnt/u/mark
+# Discard reaches the file backend as holes (tmpfs punches them too).
+head -c $((32 << 20)) /dev/urandom > /mnt/u/trimmed
+sync
+before=$(du -k /tmp/disk.img | cut -f1)
+rm /mnt/u/trimmed
+sync
+timeout 120 fstrim -v /mnt/u
+after=$(du -k /tmp/disk.img | cut -f1)
+echo "file_kib_before_trim=$before after=$after"
+if [ $((before - after)) -lt $((24 << 10)) ]; then echo "fstrim did not punch holes in the file"; exit 1; fi
 umount /mnt/u
 stop
 serve --ublk file:/tmp/disk.img,size=256M
@@ -94,6 +106,15 @@ fsck.ext4 -f -n $dev
 mount $dev /mnt/u
 [ "$(cat /mnt/u/mark)" = persisted ]
 umount /mnt/u
+stop
+
+step read-only
+serve --read-only --ublk memory:16M
+[ "$(blockdev --getro $dev)" = 1 ]
+dd if=$dev of=/dev/null bs=4k count=16 iflag=direct status=none
+rc=0; timeout 60 dd if=/dev/zero of=$dev bs=4k count=1 oflag=direct status=none || rc=$?
+echo "write_read_only=$rc"
+if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then echo "a write to a read-only export did not fail"; exit 1; fi
 stop
 
 step kill
@@ -137,7 +158,7 @@ fn ublk_in_guest() {
         .mem("2G")
         .timeout(Duration::from_secs(900))
         .run();
-    out.assert_steps(&["memory", "file", "kill", "after-kill"]);
+    out.assert_steps(&["memory", "file", "read-only", "kill", "after-kill"]);
     assert_eq!(out.value("size").as_deref(), Some("268435456"));
     assert_eq!(
         out.value("queues").as_deref(),
