@@ -773,6 +773,10 @@ fn explore(
                     b.abandon();
                 }
                 report_failure(m, a, &states[n], n, states.len(), &f);
+                println!(
+                    "crash-states: stopped after {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                );
                 return Ok(ExitCode::from(1));
             }
         }
@@ -871,19 +875,24 @@ mod tests {
         Model::new(Log::open(p, false).unwrap(), tear).unwrap()
     }
 
-    /// The byte at each 8 KiB slot of the state's image.
-    fn image(m: &Model, s: &State) -> Vec<u8> {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("i.img");
+    /// A zeroed 64 KiB image with state `s` applied.
+    fn state_image(dir: &Path, m: &Model, s: &State) -> File {
         let f = OpenOptions::new()
             .create(true)
             .truncate(true)
             .read(true)
             .write(true)
-            .open(&p)
+            .open(dir.join("i.img"))
             .unwrap();
         f.set_len(64 << 10).unwrap();
         m.apply(&f, 0, s, &mut Vec::new()).unwrap();
+        f
+    }
+
+    /// The byte at each 8 KiB slot of the state's image.
+    fn image(m: &Model, s: &State) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let f = state_image(dir.path(), m, s);
         let mut b = vec![0u8; 64 << 10];
         f.read_exact_at(&mut b, 0).unwrap();
         b.chunks(8192).map(|c| c[0]).collect()
@@ -936,16 +945,7 @@ mod tests {
         assert_eq!(m.pieces(0), [(4096, 4096), (8192, 4096)]);
         let s = decode_state(&m, "0:0.1").unwrap();
         let dir2 = tempfile::tempdir().unwrap();
-        let img = dir2.path().join("i");
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&img)
-            .unwrap();
-        f.set_len(64 << 10).unwrap();
-        m.apply(&f, 0, &s, &mut Vec::new()).unwrap();
+        let f = state_image(dir2.path(), &m, &s);
         let mut b = vec![0u8; 3 * 4096];
         f.read_exact_at(&mut b, 0).unwrap();
         assert!(b[..8192].iter().all(|&x| x == 0), "piece 0 lost");
