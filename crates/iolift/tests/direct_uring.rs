@@ -17,6 +17,7 @@ fn fio_verify_uring_buffered_and_direct() {
         ("", "buffered"),
         (",direct", "direct"),
         (",sqpoll", "sqpoll"),
+        (",direct,rings=3", "direct, 3 rings"),
     ] {
         let mut b = ServerBuilder::iolift();
         let disk = b.dir().join("disk.img");

@@ -1,4 +1,4 @@
-//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll]`:
+//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll][,rings=N]`:
 //! a regular file or a block device.
 //!
 //! A missing regular file is created sparse with `size`; an existing one is
@@ -69,6 +69,12 @@ pub const OPTIONS: &[OptHelp] = &[
         default: "off",
         help: "with engine=uring: a kernel thread polls the submission queue (no system call per submission)",
     },
+    OptHelp {
+        name: "rings",
+        kind: Kind::Count,
+        default: "1",
+        help: "with engine=uring: io_uring instances (each with its own thread) that requests are spread over, 1 to 64",
+    },
 ];
 
 const ENGINES: &[&str] = &["threads", "uring"];
@@ -82,6 +88,8 @@ pub struct FileConfig {
     /// `engine=uring`.
     pub uring: bool,
     pub sqpoll: bool,
+    /// With engine=uring: rings to spread requests over.
+    pub rings: usize,
 }
 
 pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
@@ -97,6 +105,13 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
     if sqpoll && !uring {
         return Err(s.opts.err("sqpoll", "needs engine=uring"));
     }
+    let rings = s.opts.u64("rings", 1)?;
+    if s.opts.get("rings").is_some() && !uring {
+        return Err(s.opts.err("rings", "needs engine=uring"));
+    }
+    if !(1..=64).contains(&rings) {
+        return Err(s.opts.err("rings", format!("{rings}: 1 to 64")));
+    }
     Ok(FileConfig {
         path: PathBuf::from(&s.arg),
         size,
@@ -104,6 +119,7 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
         read_only: s.opts.flag("ro")?,
         uring,
         sqpoll,
+        rings: rings as usize,
     })
 }
 
@@ -116,6 +132,7 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
             c.direct,
             c.read_only,
             c.sqpoll,
+            c.rings,
         )?);
     }
     Ok(Arc::new(dev))

@@ -1,4 +1,5 @@
-//! The file backend's io_uring engine: `file:PATH,engine=uring[,sqpoll]`.
+//! The file backend's io_uring engine:
+//! `file:PATH,engine=uring[,sqpoll][,rings=N]`.
 //!
 //! Reads, writes and flushes go through one [`iolift_direct::Engine`] (its
 //! own descriptor of the same file, with O_DIRECT when the backend has
@@ -16,7 +17,12 @@
 //!   not aligned. A short write fails with EIO. A FUA write is followed by
 //!   a flush before it completes.
 //! - A flush is IORING_OP_FSYNC with DATASYNC on the same file, so it
-//!   covers the writes of both paths that completed before it.
+//!   covers the writes of both paths (and of every ring) that completed
+//!   before it.
+//! - `rings=N` starts N engines (N rings, N threads) and hands requests to
+//!   them in turn. io_uring runs a write it cannot issue without blocking
+//!   on a worker thread of the submitting ring, and one ring's workers run
+//!   the writes to one file one at a time; N rings have N sets of workers.
 
 use crate::block::{Callback, Errno, Reply, Request};
 use anyhow::{Context, Result};
@@ -27,7 +33,8 @@ use std::sync::Arc;
 
 /// The io_uring path of one file backend.
 pub struct UringFile {
-    eng: Arc<Engine>,
+    engines: Vec<Arc<Engine>>,
+    next: std::sync::atomic::AtomicUsize,
     /// The alignment O_DIRECT needs (1 without it).
     align: u64,
 }
@@ -35,27 +42,48 @@ pub struct UringFile {
 impl UringFile {
     /// Opens `path` (which the file backend has created or checked) for the
     /// engine. `sqpoll`: a kernel thread polls the submission queue.
-    pub fn open(path: &Path, direct: bool, read_only: bool, sqpoll: bool) -> Result<UringFile> {
-        let t = Target::open(
-            path,
-            &Open {
-                read: true,
-                write: !read_only,
-                direct: if direct { Direct::On } else { Direct::Off },
-                create_size: None,
-            },
-        )
-        .with_context(|| format!("file backend: engine=uring: cannot open {}", path.display()))?;
-        let align = t.align() as u64;
-        let cfg = Config {
-            sqpoll: sqpoll.then_some(1000),
-            ..Config::default()
-        };
-        let eng = Engine::new(t, cfg).context("file backend: engine=uring")?;
+    /// `rings` (>= 1): engines to spread requests over.
+    pub fn open(
+        path: &Path,
+        direct: bool,
+        read_only: bool,
+        sqpoll: bool,
+        rings: usize,
+    ) -> Result<UringFile> {
+        let mut engines = Vec::new();
+        let mut align = 1;
+        for _ in 0..rings.max(1) {
+            let t = Target::open(
+                path,
+                &Open {
+                    read: true,
+                    write: !read_only,
+                    direct: if direct { Direct::On } else { Direct::Off },
+                    create_size: None,
+                },
+            )
+            .with_context(|| {
+                format!("file backend: engine=uring: cannot open {}", path.display())
+            })?;
+            align = t.align() as u64;
+            let cfg = Config {
+                sqpoll: sqpoll.then_some(1000),
+                ..Config::default()
+            };
+            let eng = Engine::new(t, cfg).context("file backend: engine=uring")?;
+            engines.push(Arc::new(eng));
+        }
         Ok(UringFile {
-            eng: Arc::new(eng),
+            engines,
+            next: 0.into(),
             align,
         })
+    }
+
+    /// The next engine in turn.
+    fn eng(&self) -> &Arc<Engine> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.engines[i % self.engines.len()]
     }
 
     /// Starts `req` on the ring and calls `cb` with its completion, or gives
@@ -68,7 +96,7 @@ impl UringFile {
             Request::Read { offset, len } if aligned(offset, len as u64) => {
                 let len = len as usize;
                 let buf = Buf::Aligned(AlignedBuf::new(len));
-                self.eng.submit(
+                self.eng().submit(
                     Op::Read { offset, buf },
                     Box::new(move |d: Done| cb(read_reply(d, len))),
                 );
@@ -89,10 +117,11 @@ impl UringFile {
                 } else {
                     Buf::Shared(Box::new(data))
                 };
-                let eng = flags.fua.then(|| self.eng.clone());
-                self.eng.submit(
+                let eng = self.eng();
+                let fua = flags.fua.then(|| eng.clone());
+                eng.submit(
                     Op::Write { offset, buf },
-                    Box::new(move |d: Done| match (write_reply(d, len), eng) {
+                    Box::new(move |d: Done| match (write_reply(d, len), fua) {
                         (Ok(r), Some(eng)) => eng.submit(
                             Op::Flush,
                             Box::new(move |f: Done| cb(status(f.res).map(|_| r))),
@@ -103,7 +132,7 @@ impl UringFile {
                 None
             }
             Request::Flush => {
-                self.eng.submit(
+                self.eng().submit(
                     Op::Flush,
                     Box::new(move |d: Done| cb(status(d.res).map(|_| Reply::Done(0)))),
                 );
@@ -176,7 +205,7 @@ mod tests {
         let p = d.path().join("a.img");
         std::fs::File::create(&p).unwrap().set_len(1 << 20).unwrap();
         for direct in [false, true] {
-            let u = UringFile::open(&p, direct, false, false).unwrap();
+            let u = UringFile::open(&p, direct, false, false, 1).unwrap();
             let cb = || -> Callback { Box::new(|_| ()) };
             assert!(u
                 .try_submit(
@@ -210,7 +239,7 @@ mod tests {
     async fn requests_through_the_device() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("a.img");
-        for extra in ["", ",direct", ",sqpoll"] {
+        for extra in ["", ",direct", ",sqpoll", ",rings=3", ",direct,rings=2"] {
             let dev = crate::backend::open(&spec(&p, extra)).unwrap();
             assert!(
                 dev.native_callbacks(),
