@@ -5,17 +5,26 @@
 //! `iolift-ec`). Unlike Ceph's tool, a bad profile, stripe unit or shard
 //! set is one error line and exit status 1, and nothing is written
 //! half-way: outputs go to temporary names and are renamed at the end.
+//!
+//! `--device gpu` runs encode, decode and bench on the CUDA device through
+//! the offload engine's erasure-coding kernel (`iolift_offload::kernels::
+//! ec::EcKernel` in an `IoPool`); without a GPU it fails with an error
+//! saying no CUDA device or driver was found.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use iolift_ec::bench::{self, BenchOptions};
 use iolift_ec::{stripe, Codec, Engine, Profile};
+use iolift_offload::kernels::ec::{bench as ec_bench, EcKernel, Stripes};
+use iolift_offload::{IoPool, PoolConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct EcArgs {
-    /// Where to encode and decode. Only cpu exists so far.
+    /// Where to encode and decode: cpu, or gpu (the CUDA device; w=8
+    /// matrix techniques, stripe units a multiple of 4).
     #[arg(long, value_enum, default_value = "cpu", global = true)]
     pub device: Device,
     /// CPU kernel: auto (ISA-L if libisal.so.2 loads, else native), isal,
@@ -168,10 +177,143 @@ fn write_all_or_nothing(files: &[(PathBuf, &[u8])]) -> Result<()> {
 }
 
 fn engine(args: &EcArgs) -> Result<Engine> {
-    if args.device == Device::Gpu {
-        bail!("--device gpu: no GPU erasure-coding kernel yet (use --device cpu)");
-    }
     Ok(Engine::parse(&args.engine)?)
+}
+
+/// Stripes per pool task on the GPU.
+const GPU_TASK_STRIPES: usize = 64;
+
+/// The CUDA device, or an error saying none (or no driver) was found.
+/// `IOLIFT_EC_GPU_DEVICE=cpu` (a dry run of the GPU path's batching and
+/// shard layout where there is no GPU) opens the CPU device instead.
+fn gpu_device() -> Result<Arc<dyn iolift_offload::Device>> {
+    let spec = std::env::var("IOLIFT_EC_GPU_DEVICE").unwrap_or_else(|_| "gpu".into());
+    iolift_offload::device::open(&spec, 4)
+        .map_err(|e| anyhow::anyhow!("--device gpu: no CUDA device/driver found ({e})"))
+}
+
+/// `input` as stripes of k x su bytes (zero-padded) through `kernel` on
+/// the GPU's I/O pool: the output chunks, row r of stripe s at
+/// `(s * rows + r) * su`.
+fn gpu_run(kernel: EcKernel, input: &[u8]) -> Result<Vec<u8>> {
+    let dev = gpu_device()?;
+    kernel
+        .gpu_supported()
+        .map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
+    let sb = kernel.stripe_bytes();
+    let tasks: Vec<Stripes> = input
+        .chunks(sb * GPU_TASK_STRIPES)
+        .map(|c| {
+            let mut v = c.to_vec();
+            v.resize(c.len().div_ceil(sb) * sb, 0);
+            v.into()
+        })
+        .collect();
+    let pool = IoPool::new(dev, kernel, PoolConfig::default())?;
+    let out = pool.submit_group(tasks).wait()?;
+    let mut bytes = Vec::with_capacity(out.bytes.len());
+    for i in 0..out.len() {
+        bytes.extend_from_slice(out.task(i));
+    }
+    Ok(bytes)
+}
+
+/// encode_object on the GPU: the k + m shards.
+fn gpu_encode(p: &Profile, su: usize, input: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let codec = Arc::new(Codec::new(p)?);
+    let (k, m) = (p.k, p.m);
+    let parity = gpu_run(EcKernel::encoder(codec, su)?, input)?;
+    let n = input.len().div_ceil(k * su);
+    let mut shards = vec![vec![0u8; n * su]; k + m];
+    for s in 0..n {
+        for (j, sh) in shards.iter_mut().enumerate() {
+            let dst = &mut sh[s * su..(s + 1) * su];
+            if j < k {
+                let a = ((s * k + j) * su).min(input.len());
+                let b = ((s * k + j + 1) * su).min(input.len());
+                dst[..b - a].copy_from_slice(&input[a..b]);
+            } else {
+                let r = s * m + j - k;
+                dst.copy_from_slice(&parity[r * su..(r + 1) * su]);
+            }
+        }
+    }
+    Ok(shards)
+}
+
+/// decode_object on the GPU: the k data chunks of every stripe.
+fn gpu_decode(p: &Profile, su: usize, shards: &[Option<Vec<u8>>]) -> Result<Vec<u8>> {
+    let k = p.k;
+    let have: Vec<usize> = (0..shards.len()).filter(|&i| shards[i].is_some()).collect();
+    let len = shards[have[0]].as_ref().map_or(0, |v| v.len());
+    if let Some(&i) = have
+        .iter()
+        .find(|&&i| shards[i].as_ref().map_or(0, |v| v.len()) != len)
+    {
+        bail!("shard {i} and shard {} differ in size", have[0]);
+    }
+    if len % su != 0 {
+        bail!("shards are {len} bytes, not a multiple of stripe_unit={su}");
+    }
+    let count = len / su;
+    let use_: Vec<usize> = have[..k].to_vec();
+    let missing: Vec<usize> = (0..k).filter(|&i| shards[i].is_none()).collect();
+    let rebuilt = if missing.is_empty() || count == 0 {
+        Vec::new()
+    } else {
+        let mut input = Vec::with_capacity(count * k * su);
+        for s in 0..count {
+            for &i in &use_ {
+                input.extend_from_slice(&shards[i].as_ref().unwrap()[s * su..(s + 1) * su]);
+            }
+        }
+        let codec = Arc::new(Codec::new(p)?);
+        gpu_run(EcKernel::decoder(codec, &use_, &missing, su)?, &input)?
+    };
+    let mut out = vec![0u8; count * k * su];
+    for s in 0..count {
+        for j in 0..k {
+            let dst = &mut out[(s * k + j) * su..(s * k + j + 1) * su];
+            match &shards[j] {
+                Some(sh) => dst.copy_from_slice(&sh[s * su..(s + 1) * su]),
+                None => {
+                    let r = s * missing.len() + missing.iter().position(|&x| x == j).unwrap();
+                    dst.copy_from_slice(&rebuilt[r * su..(r + 1) * su]);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `ec bench --device gpu`: encode GB/s on the GPU, data on the device
+/// and from host memory, for every k:m and chunk size; exit status 1 if
+/// the GPU's parity differs from the CPU codec's.
+fn gpu_bench(km: &[(usize, usize)], sizes: &[usize], ms: u64) -> Result<ExitCode> {
+    let dev = gpu_device()?;
+    println!("device: {}", dev.name());
+    let mut ok = true;
+    for &(k, m) in km {
+        let p = Profile::parse(&format!("plugin=isa,technique=reed_sol_van,k={k},m={m}"))?;
+        let codec = Arc::new(Codec::new(&p)?);
+        for &len in sizes {
+            let kern = EcKernel::encoder(codec.clone(), len)?;
+            let stripes = ((256usize << 20) / kern.stripe_bytes()).max(1);
+            let r = ec_bench::gpu_encode(&*dev, &kern, stripes, ms.max(100))?;
+            ok &= r.matches_cpu;
+            println!(
+                "gpu encode k={k} m={m} chunk {len}: data on device {:.1} GB/s, from host memory {:.1} GB/s ({stripes} stripes per launch){}",
+                r.resident.gbps,
+                r.host.gbps,
+                if r.matches_cpu { "" } else { " PARITY MISMATCH with the CPU codec" }
+            );
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 pub fn run(args: EcArgs) -> Result<ExitCode> {
@@ -227,13 +369,21 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
             let su = number("stripe_unit", stripe_unit)?;
             p.check_stripe_unit(su)?;
             let want = shard_list("want_to_encode", want_to_encode)?;
+            let gpu = args.device == Device::Gpu;
             let codec = Codec::with_engine(&p, engine(&args)?)?;
+            if gpu {
+                gpu_device()?;
+            }
             let input =
                 std::fs::read(fname).with_context(|| format!("cannot read {}", fname.display()))?;
             if input.is_empty() {
                 return Ok(ExitCode::SUCCESS);
             }
-            let shards = stripe::encode_object(&codec, su, &input)?;
+            let shards = if gpu {
+                gpu_encode(&p, su, &input)?
+            } else {
+                stripe::encode_object(&codec, su, &input)?
+            };
             // Ceph's tool ignores shard numbers beyond k+m.
             let files: Vec<(PathBuf, &[u8])> = want
                 .iter()
@@ -263,7 +413,11 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
                     p.k
                 );
             }
+            let gpu = args.device == Device::Gpu;
             let codec = Codec::with_engine(&p, engine(&args)?)?;
+            if gpu {
+                gpu_device()?;
+            }
             let mut shards: Vec<Option<Vec<u8>>> = vec![None; n];
             for &i in &have {
                 let path = shard_name(fname, i);
@@ -271,7 +425,11 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
                     .with_context(|| format!("cannot read shard {}", path.display()))?;
                 shards[i] = Some(data);
             }
-            let out = stripe::decode_object(&codec, su, &shards)?;
+            let out = if gpu {
+                gpu_decode(&p, su, &shards)?
+            } else {
+                stripe::decode_object(&codec, su, &shards)?
+            };
             write_all_or_nothing(&[(fname.clone(), out.as_slice())])?;
         }
         EcCmd::Bench(b) => {
@@ -288,6 +446,9 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
                 .iter()
                 .map(|s| size_arg(s))
                 .collect::<Result<Vec<_>>>()?;
+            if args.device == Device::Gpu {
+                return gpu_bench(&km, &sizes, b.ms);
+            }
             let all = std::thread::available_parallelism().map_or(1, |n| n.get());
             let threads = b
                 .threads
