@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # THE GPU check of the offload engine (crates/iolift-offload): run on a
 # machine with a CUDA GPU.
-# Builds, checks GPU == CPU mapper bit for bit, times everything, writes the
-# results. One command:
+# Builds, checks GPU == CPU mapper bit for bit, and erasure coding GPU ==
+# CPU codec byte for byte, times everything, writes the results. One command:
 #
 #   scripts/gpu-check.sh                 # results in target/gpu-check/<UTC time>/
 #   OUT=/some/dir scripts/gpu-check.sh   # results in $OUT
@@ -112,7 +112,46 @@ fi
 run bench-cpu-1000 "$BIN" crush bench --device cpu --osds 1000 --max-batch $((BATCH < 100000 ? BATCH : 100000)) $QF
 run pool-cpu-rep "$BIN" crush map-pool --device cpu --osds $OSDS2 --pg-num $PGS --size 3
 
+# 6. erasure coding (the Rust GPU tests of step 4 include gpu::ec::*: GPU ==
+#    CPU codec on 256 MiB random batches, staged, device-resident, pool,
+#    decode). `iolift ec encode/decode --device gpu` == --device cpu on a
+#    random object (every shard, and the object decoded without shards 0
+#    and 1); the dry run takes the same path on the CPU device.
+if [[ "$DEV" == gpu* || "$DEV" == cuda* ]]; then ECENV=(); else ECENV=(env IOLIFT_EC_GPU_DEVICE=cpu); fi
+EC_MB=$([[ "$QUICK" == 1 ]] && echo 4 || echo 256)
+ECDIR="$OUT/ec-cli"; mkdir -p "$ECDIR/cpu" "$ECDIR/gpu"
+head -c $((EC_MB * 1048576 + 12345)) /dev/urandom >"$ECDIR/object"
+for prof in plugin=isa,technique=reed_sol_van,k=8,m=4 plugin=jerasure,technique=reed_sol_van,k=6,m=3 plugin=isa,technique=cauchy,k=4,m=2; do
+    n=$("$BIN" ec validate-profile "$prof" chunk_count)
+    ok=1
+    for d in cpu gpu; do
+        cp "$ECDIR/object" "$ECDIR/$d/obj"
+        "${ECENV[@]}" "$BIN" ec encode --device $d "$prof" 65536 "$(seq -s, 0 $((n - 1)))" "$ECDIR/$d/obj" >>"$OUT/ec-cli.txt" 2>&1 || ok=0
+        rm -f "$ECDIR/$d/obj"
+        "${ECENV[@]}" "$BIN" ec decode --device $d "$prof" 65536 "$(seq -s, 2 $((n - 1)))" "$ECDIR/$d/obj" >>"$OUT/ec-cli.txt" 2>&1 || ok=0
+    done
+    for ((i = 0; i < n; i++)); do cmp -s "$ECDIR/cpu/obj.$i" "$ECDIR/gpu/obj.$i" || ok=0; done
+    cmp -s "$ECDIR/cpu/obj" "$ECDIR/gpu/obj" || ok=0
+    cmp -s -n $((EC_MB * 1048576 + 12345)) "$ECDIR/gpu/obj" "$ECDIR/object" || ok=0
+    if ((ok)); then log "ec encode/decode --device gpu == --device cpu ($prof, $EC_MB MiB): identical"
+    else log "ec encode/decode --device gpu differs from --device cpu ($prof) or failed: MISMATCH"; fail=1; fi
+    rm -f "$ECDIR"/cpu/* "$ECDIR"/gpu/*
+done
+rm -rf "$ECDIR"
+# 6b. encode GB/s, k=8,m=4: GPU with the data on the device and from host
+#     memory (each checked against the CPU codec), and this machine's CPU
+if [[ "$DEV" == gpu* || "$DEV" == cuda* ]]; then
+    run ec-bench-gpu "$BIN" ec bench --device gpu --k 8 --m 4 --extra "" --sizes 4k,64k,1m --ms 500
+fi
+if [[ "$QUICK" == 1 ]]; then
+    run ec-bench-cpu "$BIN" ec bench --device cpu --k 8 --m 4 --extra "" --sizes 64k --threads 0 --reps 2 --ms 20
+else
+    run ec-bench-cpu "$BIN" ec bench --device cpu --k 8 --m 4 --extra "" --sizes 4k,64k,1m --threads 1,0
+fi
+
 log "summary:"
-grep -h -E "mappings/s|round trip|tasks/s, batches of (1|1000|1000000):|whole pool|identical|MISMATCH|inputs compared" "$OUT"/check*.txt "$OUT"/bench-*.txt "$OUT"/pool-*.txt 2>/dev/null | tee -a "$LOG"
+ec_lines=$(grep -h "^ec encode/decode" "$LOG")
+grep -h -E "mappings/s|round trip|tasks/s, batches of (1|1000|1000000):|whole pool|identical|MISMATCH|inputs compared|gpu encode" "$OUT"/check*.txt "$OUT"/bench-*.txt "$OUT"/pool-*.txt "$OUT"/ec-bench-gpu.txt 2>/dev/null | tee -a "$LOG"
+printf '%s\n' "$ec_lines" | tee -a "$LOG"
 if ((fail)); then log "gpu-check: FAILED (see $OUT)"; exit 1; fi
 log "gpu-check: all checks passed; results in $OUT"

@@ -188,6 +188,7 @@ pub fn encode_resident(
     }
     let st = gpu.state(EcCuda::new)?;
     let tables = st.tables(gpu, k)?;
+    gpu.context().bind_to_thread().map_err(cuda_err)?;
     let stream = gpu.stream(pe);
     let (data_d, _g1) = data.device_ptr(stream);
     let (out_d, _g2) = out.device_ptr_mut(stream);
