@@ -16,7 +16,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use iolift_ec::bench::{self, BenchOptions};
 use iolift_ec::{stripe, Codec, Engine, Profile};
 use iolift_offload::kernels::ec::{bench as ec_bench, EcKernel, Stripes};
-use iolift_offload::{IoPool, PoolConfig};
+use iolift_offload::{Device as OffloadDevice, IoPool, PoolConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -186,7 +186,7 @@ const GPU_TASK_STRIPES: usize = 64;
 /// The CUDA device, or an error saying none (or no driver) was found.
 /// `IOLIFT_EC_GPU_DEVICE=cpu` (a dry run of the GPU path's batching and
 /// shard layout where there is no GPU) opens the CPU device instead.
-fn gpu_device() -> Result<Arc<dyn iolift_offload::Device>> {
+fn gpu_device() -> Result<Arc<dyn OffloadDevice>> {
     let spec = std::env::var("IOLIFT_EC_GPU_DEVICE").unwrap_or_else(|_| "gpu".into());
     iolift_offload::device::open(&spec, 4)
         .map_err(|e| anyhow::anyhow!("--device gpu: no CUDA device/driver found ({e})"))
@@ -195,8 +195,7 @@ fn gpu_device() -> Result<Arc<dyn iolift_offload::Device>> {
 /// `input` as stripes of k x su bytes (zero-padded) through `kernel` on
 /// the GPU's I/O pool: the output chunks, row r of stripe s at
 /// `(s * rows + r) * su`.
-fn gpu_run(kernel: EcKernel, input: &[u8]) -> Result<Vec<u8>> {
-    let dev = gpu_device()?;
+fn gpu_run(dev: &Arc<dyn OffloadDevice>, kernel: EcKernel, input: &[u8]) -> Result<Vec<u8>> {
     kernel
         .gpu_supported()
         .map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
@@ -209,7 +208,12 @@ fn gpu_run(kernel: EcKernel, input: &[u8]) -> Result<Vec<u8>> {
             v.into()
         })
         .collect();
-    let pool = IoPool::new(dev, kernel, PoolConfig::default())?;
+    // launches of about 256 MiB of data at most (page-locked staging)
+    let cfg = PoolConfig {
+        max_batch: ((256usize << 20) / (sb * GPU_TASK_STRIPES)).max(1),
+        ..PoolConfig::default()
+    };
+    let pool = IoPool::new(dev.clone(), kernel, cfg)?;
     let out = pool.submit_group(tasks).wait()?;
     let mut bytes = Vec::with_capacity(out.bytes.len());
     for i in 0..out.len() {
@@ -219,10 +223,15 @@ fn gpu_run(kernel: EcKernel, input: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// encode_object on the GPU: the k + m shards.
-fn gpu_encode(p: &Profile, su: usize, input: &[u8]) -> Result<Vec<Vec<u8>>> {
+fn gpu_encode(
+    dev: &Arc<dyn OffloadDevice>,
+    p: &Profile,
+    su: usize,
+    input: &[u8],
+) -> Result<Vec<Vec<u8>>> {
     let codec = Arc::new(Codec::new(p)?);
     let (k, m) = (p.k, p.m);
-    let parity = gpu_run(EcKernel::encoder(codec, su)?, input)?;
+    let parity = gpu_run(dev, EcKernel::encoder(codec, su)?, input)?;
     let n = input.len().div_ceil(k * su);
     let mut shards = vec![vec![0u8; n * su]; k + m];
     for s in 0..n {
@@ -242,7 +251,12 @@ fn gpu_encode(p: &Profile, su: usize, input: &[u8]) -> Result<Vec<Vec<u8>>> {
 }
 
 /// decode_object on the GPU: the k data chunks of every stripe.
-fn gpu_decode(p: &Profile, su: usize, shards: &[Option<Vec<u8>>]) -> Result<Vec<u8>> {
+fn gpu_decode(
+    dev: &Arc<dyn OffloadDevice>,
+    p: &Profile,
+    su: usize,
+    shards: &[Option<Vec<u8>>],
+) -> Result<Vec<u8>> {
     let k = p.k;
     let have: Vec<usize> = (0..shards.len()).filter(|&i| shards[i].is_some()).collect();
     let len = shards[have[0]].as_ref().map_or(0, |v| v.len());
@@ -252,7 +266,7 @@ fn gpu_decode(p: &Profile, su: usize, shards: &[Option<Vec<u8>>]) -> Result<Vec<
     {
         bail!("shard {i} and shard {} differ in size", have[0]);
     }
-    if len % su != 0 {
+    if !len.is_multiple_of(su) {
         bail!("shards are {len} bytes, not a multiple of stripe_unit={su}");
     }
     let count = len / su;
@@ -268,7 +282,7 @@ fn gpu_decode(p: &Profile, su: usize, shards: &[Option<Vec<u8>>]) -> Result<Vec<
             }
         }
         let codec = Arc::new(Codec::new(p)?);
-        gpu_run(EcKernel::decoder(codec, &use_, &missing, su)?, &input)?
+        gpu_run(dev, EcKernel::decoder(codec, &use_, &missing, su)?, &input)?
     };
     let mut out = vec![0u8; count * k * su];
     for s in 0..count {
@@ -371,16 +385,14 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
             let want = shard_list("want_to_encode", want_to_encode)?;
             let gpu = args.device == Device::Gpu;
             let codec = Codec::with_engine(&p, engine(&args)?)?;
-            if gpu {
-                gpu_device()?;
-            }
+            let dev = if gpu { Some(gpu_device()?) } else { None };
             let input =
                 std::fs::read(fname).with_context(|| format!("cannot read {}", fname.display()))?;
             if input.is_empty() {
                 return Ok(ExitCode::SUCCESS);
             }
-            let shards = if gpu {
-                gpu_encode(&p, su, &input)?
+            let shards = if let Some(dev) = &dev {
+                gpu_encode(dev, &p, su, &input)?
             } else {
                 stripe::encode_object(&codec, su, &input)?
             };
@@ -415,9 +427,7 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
             }
             let gpu = args.device == Device::Gpu;
             let codec = Codec::with_engine(&p, engine(&args)?)?;
-            if gpu {
-                gpu_device()?;
-            }
+            let dev = if gpu { Some(gpu_device()?) } else { None };
             let mut shards: Vec<Option<Vec<u8>>> = vec![None; n];
             for &i in &have {
                 let path = shard_name(fname, i);
@@ -425,8 +435,8 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
                     .with_context(|| format!("cannot read shard {}", path.display()))?;
                 shards[i] = Some(data);
             }
-            let out = if gpu {
-                gpu_decode(&p, su, &shards)?
+            let out = if let Some(dev) = &dev {
+                gpu_decode(dev, &p, su, &shards)?
             } else {
                 stripe::decode_object(&codec, su, &shards)?
             };

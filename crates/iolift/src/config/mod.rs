@@ -32,6 +32,8 @@
 //! any `--fuse` replaces the file's `fuse` list. Unknown fields are errors
 //! naming the field.
 
+pub mod ublk;
+
 use crate::export::ExportPlan;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -129,7 +131,7 @@ pub struct Flags {
     pub fuse: Vec<String>,
     /// `--ublk[=NAME]`, `--ublk-queues`, `--ublk-depth` (see docs/ublk.md).
     #[command(flatten)]
-    pub ublk: crate::ublk::UblkFlags,
+    pub ublk: ublk::UblkFlags,
 }
 
 /// A size given as a number of bytes or a string such as "32M".
@@ -283,7 +285,7 @@ pub struct Settings {
     pub fuse: Vec<FuseFile>,
     pub metrics: Option<String>,
     /// ublk devices: which exports, how.
-    pub ublk: crate::ublk::UblkPlan,
+    pub ublk: ublk::UblkPlan,
 }
 
 impl Settings {
@@ -406,7 +408,7 @@ impl Settings {
                 file,
             });
         }
-        let ublk = crate::ublk::UblkPlan::resolve(&f.ublk, &names, default_export.as_deref())?;
+        let ublk = ublk::UblkPlan::resolve(&f.ublk, &names, default_export.as_deref())?;
         Ok(Settings {
             exports,
             default_export,

@@ -17,6 +17,7 @@
 pub mod fuse;
 pub mod metrics;
 pub mod nbd;
+pub mod ublk;
 
 use crate::config::Settings;
 use crate::export::Export;
@@ -53,7 +54,7 @@ pub type Start =
     for<'a> fn(&'a Settings, &'a [Arc<Export>]) -> BoxFuture<'a, Result<Option<Box<dyn Frontend>>>>;
 
 /// The front-ends of `iolift serve`, in the order they start and stop.
-pub const SERVE: &[Start] = &[nbd::start, metrics::start, fuse::start, crate::ublk::front::start];
+pub const SERVE: &[Start] = &[nbd::start, metrics::start, fuse::start, ublk::start];
 
 /// Started front-ends plus the pidfile that says they run. Dropping it
 /// releases everything (sockets, mounts, pidfile) without waiting;

@@ -1,5 +1,5 @@
-//! `iolift serve --ublk[=NAME]`: the ublk devices as a front-end
-//! ([`start`], registered in [`crate::frontend::SERVE`]).
+//! `iolift serve --ublk[=NAME]`: the ublk devices (crate::ublk) as a
+//! front-end ([`start`], registered in [`crate::frontend::SERVE`]).
 
 use crate::config::Settings;
 use crate::export::Export;
@@ -17,7 +17,7 @@ pub fn start<'a>(
         if s.ublk.exports.is_empty() {
             return Ok(None);
         }
-        super::check_driver()?;
+        crate::ublk::check_driver()?;
         imp::start(s, exports)
     })
 }
