@@ -175,7 +175,7 @@ fn a_bad_task_fails_alone_and_gpu_only_calls_say_so() {
     let bits = EcKernel::encoder(codec(PROFILES[4].0), 256).unwrap();
     assert!(matches!(
         bits.gpu_supported(),
-        Err(OffloadError::Unsupported(_))
+        Err(OffloadError::Invalid(_))
     ));
     let odd = EcKernel::encoder(codec(PROFILES[0].0), 6).unwrap();
     assert!(odd.gpu_supported().is_err());

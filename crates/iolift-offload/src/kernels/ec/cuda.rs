@@ -84,9 +84,9 @@ impl EcCuda {
             stripes * kk * len,
             stripes * rows * len,
         )
-        .map_err(OffloadError::Unsupported)?;
+        .map_err(OffloadError::Invalid)?;
         if stripes > u32::MAX as usize {
-            return Err(OffloadError::Unsupported("too many stripes".into()));
+            return Err(OffloadError::Invalid("too many stripes".into()));
         }
         let cfg = LaunchConfig {
             grid_dim: (grid(len, stripes, self.max_blocks), 1, 1),

@@ -231,7 +231,7 @@ impl EcKernel {
             self.stripe_bytes(),
             self.rows() * self.len,
         )
-        .map_err(OffloadError::Unsupported)
+        .map_err(OffloadError::Invalid)
     }
 
     /// Stripes in one task (an error for a length that is not whole stripes).
@@ -281,7 +281,7 @@ fn ec_err(e: iolift_ec::Error) -> OffloadError {
 fn gpu_profile(p: &iolift_ec::Profile) -> Result<()> {
     if p.w != 8 || p.technique.is_bitmatrix() {
         let t: Technique = p.technique;
-        return Err(OffloadError::Unsupported(format!(
+        return Err(OffloadError::Invalid(format!(
             "the GPU erasure-coding kernel takes w=8 matrix techniques, not {} with w={}",
             t.name(),
             p.w
