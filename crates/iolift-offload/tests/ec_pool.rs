@@ -170,7 +170,12 @@ fn a_bad_task_fails_alone_and_gpu_only_calls_say_so() {
     let e = b.wait().unwrap_err();
     assert!(e.to_string().contains("not whole stripes"), "{e}");
     assert_eq!(a.wait().unwrap(), parity_direct(&c, len, &good));
-    assert!(EcKernel::encoder(c, 0).is_err());
+    assert!(EcKernel::encoder(c.clone(), 0).is_err());
+    // lengths the codec refuses are refused when the kernel is made
+    let bits = codec(PROFILES[4].0);
+    assert!(EcKernel::encoder(bits.clone(), 100).is_err());
+    assert!(EcKernel::decoder(bits, &[2, 3, 4, 5], &[0, 1], 100).is_err());
+    assert!(EcKernel::decoder(c, &[0, 1, 2, 2], &[3], len).is_err());
     // profiles the GPU kernel does not take say so (the CPU runs them)
     let bits = EcKernel::encoder(codec(PROFILES[4].0), 256).unwrap();
     assert!(matches!(

@@ -183,6 +183,14 @@ impl EcKernel {
         if len == 0 {
             return Err(OffloadError::Invalid("chunk length 0".into()));
         }
+        // the codec's own length rules (word size, w * packetsize): one
+        // stripe of zeros, so a bad length fails here and not in a worker
+        let (k, m) = (codec.profile().k, codec.profile().m);
+        let zero = vec![0u8; len];
+        let mut out = vec![vec![0u8; len]; m];
+        let srcs: Vec<&[u8]> = (0..k).map(|_| zero.as_slice()).collect();
+        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(|o| o.as_mut_slice()).collect();
+        codec.encode(&srcs, &mut outs).map_err(ec_err)?;
         let tables = tables(&coef);
         Ok(EcKernel {
             codec,
