@@ -73,7 +73,9 @@ pub enum EcCmd {
         fname: PathBuf,
     },
     /// Encode and decode GB/s (data in) against ISA-L and jerasure, measured
-    /// in the same run.
+    /// in the same run. With --device gpu: GPU encode GB/s (isa
+    /// reed_sol_van), data on the device and from host memory, checked
+    /// against the CPU codec.
     Bench(BenchArgs),
 }
 
