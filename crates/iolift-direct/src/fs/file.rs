@@ -1,0 +1,189 @@
+//! Open files: reads, writes through the per-file cache, soft and hard
+//! syncs, close.
+
+use super::cache::Cache;
+use super::layout::*;
+use super::{File, Fs};
+use crate::buf::AlignedBuf;
+use std::io;
+
+impl Fs {
+    /// Opens a file.
+    pub fn open(&self, path: &str) -> io::Result<File> {
+        let ino = self.lookup(path)?;
+        let inode = self.inode(ino)?;
+        if inode.kind != KIND_FILE {
+            return Err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                format!("{path}: not a file"),
+            ));
+        }
+        Ok(File {
+            ino,
+            trusted: inode.size,
+            inode,
+            cache: Cache::new(self.cache_blocks),
+            inode_dirty: false,
+            written_past: std::collections::HashSet::new(),
+        })
+    }
+
+    /// Reads at `off` into `buf`; returns the bytes read (0 at the end).
+    pub fn read(&mut self, f: &mut File, off: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if off >= f.inode.size {
+            return Ok(0);
+        }
+        let n = buf.len().min((f.inode.size - off) as usize);
+        let bs = self.dev.bs as u64;
+        let mut done = 0;
+        while done < n {
+            let pos = off + done as u64;
+            let (fb, at) = (pos / bs, (pos % bs) as usize);
+            let k = (bs as usize - at).min(n - done);
+            let blk = self.cached_block(f, fb)?;
+            buf[done..done + k].copy_from_slice(&blk[at..at + k]);
+            done += k;
+        }
+        Ok(n)
+    }
+
+    /// Writes `data` at `off` into the file's cache (read-modify-write of
+    /// partial blocks); it reaches the disk on eviction or sync.
+    pub fn write(&mut self, f: &mut File, off: u64, data: &[u8]) -> io::Result<()> {
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= self.sb.max_file_size())
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::FileTooLarge, "write past the largest file")
+            })?;
+        let bs = self.dev.bs as u64;
+        let mut done = 0;
+        while done < data.len() {
+            let pos = off + done as u64;
+            let (fb, at) = (pos / bs, (pos % bs) as usize);
+            let k = (bs as usize - at).min(data.len() - done);
+            let whole = at == 0 && k == bs as usize;
+            if whole && !f.cache.contains(fb) {
+                self.make_room(f)?;
+                f.cache.insert(fb, AlignedBuf::new(bs as usize));
+            } else {
+                self.cached_block(f, fb)?;
+            }
+            let blk = f.cache.get_mut(fb).expect("block just cached");
+            blk[at..at + k].copy_from_slice(&data[done..done + k]);
+            f.cache.mark_dirty(fb);
+            done += k;
+        }
+        if end > f.inode.size {
+            f.inode.size = end;
+            f.inode_dirty = true;
+        }
+        Ok(())
+    }
+
+    /// The cached block `fb` of `f`, read in (or zero for a hole or past
+    /// the end) when missing. Bytes past the size at open read as zero
+    /// unless their block was written back since (see [`File`]).
+    pub(super) fn cached_block<'f>(
+        &mut self,
+        f: &'f mut File,
+        fb: u64,
+    ) -> io::Result<&'f mut AlignedBuf> {
+        if !f.cache.contains(fb) {
+            self.make_room(f)?;
+            let bs = self.dev.bs as u64;
+            let ours = f.written_past.contains(&fb);
+            // A block whose disk copy holds bytes that are not the file's
+            // is cached zeroed there and dirty, so the zeroes reach the
+            // disk before a larger size does.
+            let (data, stale) = match self.bmap(&f.inode, fb)? {
+                Some(_) if !ours && fb * bs >= f.trusted => (AlignedBuf::new(self.dev.bs), true),
+                Some(phys) => {
+                    let mut b = self.dev.read(phys)?;
+                    let stale = !ours && fb == f.trusted / bs;
+                    if stale {
+                        b[(f.trusted % bs) as usize..].fill(0);
+                    }
+                    (b, stale)
+                }
+                None => (AlignedBuf::new(self.dev.bs), false),
+            };
+            f.cache.insert(fb, data);
+            if stale {
+                f.cache.mark_dirty(fb);
+            }
+        }
+        Ok(f.cache.get_mut(fb).expect("block just cached"))
+    }
+
+    /// Evicts one block when the cache is full, writing it back if dirty.
+    pub(super) fn make_room(&mut self, f: &mut File) -> io::Result<()> {
+        if let Some((fb, data, dirty)) = f.cache.evict_if_full() {
+            if dirty {
+                self.write_back(f, fb, data)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one dirty block: its data first, then (for a new block) the
+    /// pointer to it (rules 1, 2).
+    pub(super) fn write_back(&mut self, f: &mut File, fb: u64, data: AlignedBuf) -> io::Result<()> {
+        if (fb + 1) * self.dev.bs as u64 > f.trusted {
+            f.written_past.insert(fb);
+        }
+        match self.bmap(&f.inode, fb)? {
+            Some(phys) => {
+                self.dev.write(phys, data)?;
+            }
+            None => {
+                let phys = self.alloc_block()?;
+                self.dev.write(phys, data)?;
+                let mut n = f.inode.clone();
+                self.set_ptr(&mut n, fb, phys)?;
+                f.inode = n;
+                f.inode_dirty = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Soft sync: writes back every dirty block, then the inode (rule 5).
+    /// When the size grew, blocks between the old and the new size that
+    /// hold bytes left by an unsynced write are zeroed on disk first.
+    pub fn sync_soft(&mut self, f: &mut File) -> io::Result<()> {
+        if f.inode.size > f.trusted {
+            let bs = self.dev.bs as u64;
+            for fb in f.trusted / bs..=(f.inode.size - 1) / bs {
+                if !f.written_past.contains(&fb)
+                    && !f.cache.contains(fb)
+                    && self.bmap(&f.inode, fb)?.is_some()
+                {
+                    self.cached_block(f, fb)?;
+                }
+            }
+        }
+        for fb in f.cache.dirty_blocks() {
+            let copy = f.cache.copy_and_clean(fb).expect("dirty block cached");
+            self.write_back(f, fb, copy)?;
+        }
+        if f.inode_dirty {
+            self.put_inode(f.ino, &f.inode)?;
+            f.inode_dirty = false;
+        }
+        f.trusted = f.inode.size;
+        f.written_past.clear();
+        Ok(())
+    }
+
+    /// Hard sync: soft sync, then a device flush.
+    pub fn sync_hard(&mut self, f: &mut File) -> io::Result<()> {
+        self.sync_soft(f)?;
+        self.dev.flush()
+    }
+
+    /// Closes a file: soft sync.
+    pub fn close(&mut self, mut f: File) -> io::Result<()> {
+        self.sync_soft(&mut f)
+    }
+}
