@@ -28,6 +28,27 @@ pub struct TestOptions {
     pub show_utilization_all: bool,
 }
 
+impl TestOptions {
+    /// The rules to test, as crushtool takes them: every rule of `map`
+    /// unless both bounds are given.
+    pub fn rule_range(&self, map: &CrushMap) -> (i32, i32) {
+        if self.min_rule < 0 || self.max_rule < 0 {
+            (0, map.max_rules() - 1)
+        } else {
+            (self.min_rule, self.max_rule)
+        }
+    }
+
+    /// The inputs to test: 0..=1023 unless both bounds are given.
+    pub fn x_range(&self) -> (i32, i32) {
+        if self.min_x < 0 || self.max_x < 0 {
+            (0, 1023)
+        } else {
+            (self.min_x, self.max_x)
+        }
+    }
+}
+
 impl Default for TestOptions {
     fn default() -> Self {
         TestOptions {
@@ -160,16 +181,8 @@ pub fn run_test(
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let io = |e: std::io::Error| CrushError::Invalid(format!("write failed: {e}"));
-    let (mut min_rule, mut max_rule) = (o.min_rule, o.max_rule);
-    if min_rule < 0 || max_rule < 0 {
-        min_rule = 0;
-        max_rule = map.max_rules() - 1;
-    }
-    let (mut min_x, mut max_x) = (o.min_x, o.max_x);
-    if min_x < 0 || max_x < 0 {
-        min_x = 0;
-        max_x = 1023;
-    }
+    let (min_rule, max_rule) = o.rule_range(map);
+    let (min_x, max_x) = o.x_range();
     // crushtool: either utilization flag turns the statistics on.
     let stats = o.show_statistics || o.show_utilization || o.show_utilization_all;
     let weight = test_weights(map, &o.weights);

@@ -91,3 +91,8 @@ pub fn open(spec: &str, pes: usize) -> Result<Arc<dyn Device>> {
         ))),
     }
 }
+
+/// The error for a [`Launch`] that `dev` never ran (its result is unset).
+pub(crate) fn no_launch(dev: &dyn Device) -> crate::OffloadError {
+    crate::OffloadError::Invalid(format!("{} ran no launch", dev.name()))
+}

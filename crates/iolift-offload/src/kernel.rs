@@ -69,10 +69,6 @@ pub fn run_batch<K: Kernel>(
         out: None,
     };
     dev.launch(&mut job);
-    job.out.unwrap_or_else(|| {
-        Err(crate::OffloadError::Invalid(format!(
-            "{} ran no launch",
-            dev.name()
-        )))
-    })
+    job.out
+        .unwrap_or_else(|| Err(crate::device::no_launch(dev)))
 }

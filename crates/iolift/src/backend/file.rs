@@ -533,17 +533,6 @@ impl BlockDev for FileDev {
 impl FileDev {
     /// The range check, and EPERM for changes to a read-only file.
     fn admit(&self, req: &Request) -> Result<(), Errno> {
-        req.check_range(self.inner.size)?;
-        if self.inner.read_only
-            && matches!(
-                req.kind(),
-                crate::block::OpKind::Write
-                    | crate::block::OpKind::Trim
-                    | crate::block::OpKind::WriteZeroes
-            )
-        {
-            return Err(Errno::EPERM);
-        }
-        Ok(())
+        req.admit(self.inner.size, self.inner.read_only)
     }
 }

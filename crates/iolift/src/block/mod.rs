@@ -209,6 +209,22 @@ impl Request {
         }
         Ok(())
     }
+
+    /// [`Request::check_range`], then EPERM for a request that changes
+    /// data (write, trim, write-zeroes) on a read-only device: the checks
+    /// a backend makes before it takes a request.
+    pub fn admit(&self, size: u64, read_only: bool) -> Result<(), Errno> {
+        self.check_range(size)?;
+        if read_only
+            && matches!(
+                self.kind(),
+                OpKind::Write | OpKind::Trim | OpKind::WriteZeroes
+            )
+        {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
 }
 
 /// One extent of a block-status reply.

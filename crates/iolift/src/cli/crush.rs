@@ -3,9 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use iolift_osdmap::placement::{map_object, Pool};
 use iolift_crush::tester::{run_test, test_weights, TestOptions};
 use iolift_crush::CrushMap;
+use iolift_osdmap::placement::{map_object, Pool};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 

@@ -22,16 +22,8 @@ use std::time::Instant;
 /// Map every (rule, numrep, x) of `o` on `dev` and on the CPU mapper;
 /// Ok(number of mappings compared) or an error naming the first difference.
 pub fn verify_test_range(dev: &dyn Device, map: &CrushMap, o: &TestOptions) -> Result<u64> {
-    let (mut min_rule, mut max_rule) = (o.min_rule, o.max_rule);
-    if min_rule < 0 || max_rule < 0 {
-        min_rule = 0;
-        max_rule = map.max_rules() - 1;
-    }
-    let (mut min_x, mut max_x) = (o.min_x, o.max_x);
-    if min_x < 0 || max_x < 0 {
-        min_x = 0;
-        max_x = 1023;
-    }
+    let (min_rule, max_rule) = o.rule_range(map);
+    let (min_x, max_x) = o.x_range();
     let weight = test_weights(map, &o.weights);
     let h = MapHandle::new(map.clone(), Some(0))?;
     let cpu = device::cpu(0)?;

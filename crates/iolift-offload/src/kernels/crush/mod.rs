@@ -327,12 +327,8 @@ fn run_map(
         out: None,
     };
     dev.launch(&mut job);
-    job.out.unwrap_or_else(|| {
-        Err(OffloadError::Invalid(format!(
-            "{} ran no launch",
-            dev.name()
-        )))
-    })
+    job.out
+        .unwrap_or_else(|| Err(crate::device::no_launch(dev)))
 }
 
 /// Map a batch on processing element `pe` (the batch runs there as one

@@ -56,12 +56,8 @@ fn on_gpu<T>(dev: &dyn Device, f: impl FnOnce(&CudaDevice) -> Result<T>) -> Resu
         out: None,
     };
     dev.launch(&mut job);
-    job.out.unwrap_or_else(|| {
-        Err(OffloadError::Invalid(format!(
-            "{} ran no launch",
-            dev.name()
-        )))
-    })
+    job.out
+        .unwrap_or_else(|| Err(crate::device::no_launch(dev)))
 }
 
 /// `data` (whole stripes) uploaded, encoded by `encode_resident` on

@@ -215,18 +215,7 @@ impl RbdDev {
     /// The checks every request passes before it reaches librbd: in range,
     /// and no change to a read-only image.
     fn admit(&self, req: &Request) -> Result<(), Errno> {
-        req.check_range(self.size)?;
-        if self.read_only
-            && matches!(
-                req.kind(),
-                crate::block::OpKind::Write
-                    | crate::block::OpKind::Trim
-                    | crate::block::OpKind::WriteZeroes
-            )
-        {
-            return Err(Errno::EPERM);
-        }
-        Ok(())
+        req.admit(self.size, self.read_only)
     }
 
     fn read(&self, offset: u64, len: u32) -> IoFuture {
