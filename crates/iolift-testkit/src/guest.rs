@@ -75,6 +75,8 @@ pub struct Guest {
     net: bool,
     mem: String,
     env: Vec<(String, String)>,
+    /// Host files copied into the job folder: `(name, source)`.
+    files: Vec<(String, PathBuf)>,
 }
 
 impl Guest {
@@ -87,7 +89,18 @@ impl Guest {
             net: false,
             mem: "1G".into(),
             env: Vec::new(),
+            files: Vec::new(),
         }
+    }
+
+    /// Copies host file `from` into the job folder as `name`, where the
+    /// guest sees it as `/run/job/NAME`. For binaries the guest runs: the
+    /// guest's /tmp, /var/tmp, /run, /mnt and /root are its own tmpfs, so
+    /// a build under one of them on the host (a CI clone in /tmp) is not
+    /// visible through the 9p root.
+    pub fn copy_in(mut self, name: &str, from: impl AsRef<Path>) -> Guest {
+        self.files.push((name.into(), from.as_ref().to_path_buf()));
+        self
     }
 
     /// Limit for the whole run, boot included.
@@ -118,6 +131,11 @@ impl Guest {
     /// Boots the guest and returns at once; see [`Running`].
     pub fn spawn(&self) -> Running {
         let job = new_job_dir();
+        for (name, from) in &self.files {
+            let to = job.join(name);
+            std::fs::copy(from, &to)
+                .unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
+        }
         let cmd_file = job.join("script.sh");
         std::fs::write(&cmd_file, &self.script)
             .unwrap_or_else(|e| panic!("write {}: {e}", cmd_file.display()));

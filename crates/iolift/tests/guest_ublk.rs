@@ -154,7 +154,8 @@ stop
 fn ublk_in_guest() {
     let _h = heavy();
     let out = Guest::new(SCRIPT)
-        .env("IOLIFT", iolift_bin().display())
+        .copy_in("iolift", iolift_bin())
+        .env("IOLIFT", "/run/job/iolift")
         .mem("2G")
         .timeout(Duration::from_secs(900))
         .run();
