@@ -6,7 +6,6 @@
 use iolift_direct::{Buf, Config, Direct, Done, Engine, Op, Open, Target};
 use iolift_testkit::Rng;
 use std::path::Path;
-use std::process::Command;
 use std::sync::mpsc;
 
 fn open(path: &Path, direct: Direct, size: Option<u64>) -> Target {
@@ -347,38 +346,12 @@ fn open_checks() {
     assert!(t.fallback().is_none() == t.is_direct());
 }
 
-/// A loop device over an image in the temp dir, detached on drop.
-struct Loop(String);
-
-impl Loop {
-    fn new(img: &Path) -> Loop {
-        let o = Command::new("losetup")
-            .args(["-f", "--show", "--direct-io=on"])
-            .arg(img)
-            .output()
-            .expect("losetup: not installed");
-        assert!(
-            o.status.success(),
-            "losetup -f --show {}: {} (this test needs root and loop devices)",
-            img.display(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        Loop(String::from_utf8(o.stdout).unwrap().trim().to_string())
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).status();
-    }
-}
-
 #[test]
 fn random_io_on_a_loop_device() {
     let d = tempfile::tempdir().unwrap();
     let p = image(d.path(), 4 << 20);
-    let lo = Loop::new(&p);
-    let t = open(Path::new(&lo.0), Direct::On, None);
+    let lo = iolift_testkit::Loop::new(&p);
+    let t = open(lo.path(), Direct::On, None);
     assert!(t.is_block() && t.is_direct());
     assert_eq!(t.size(), 4 << 20);
     assert!(t.align() >= 512, "logical block size {}", t.align());

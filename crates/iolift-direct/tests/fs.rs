@@ -105,34 +105,6 @@ fn random_operations_match_the_model() {
     }
 }
 
-/// A loop device over an image in the temp dir, detached on drop.
-struct Loop(String);
-
-impl Loop {
-    fn new(img: &Path) -> Loop {
-        let o = std::process::Command::new("losetup")
-            .args(["-f", "--show", "--direct-io=on"])
-            .arg(img)
-            .output()
-            .expect("losetup: not installed");
-        assert!(
-            o.status.success(),
-            "losetup -f --show {}: {} (this test needs root and loop devices)",
-            img.display(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        Loop(String::from_utf8(o.stdout).unwrap().trim().to_string())
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("losetup")
-            .args(["-d", &self.0])
-            .status();
-    }
-}
-
 #[test]
 fn random_operations_on_a_loop_device() {
     let d = tempfile::tempdir().unwrap();
@@ -141,9 +113,9 @@ fn random_operations_on_a_loop_device() {
         .unwrap()
         .set_len(16 << 20)
         .unwrap();
-    let lo = Loop::new(&img);
+    let lo = iolift_testkit::Loop::new(&img);
     let t = Target::open(
-        Path::new(&lo.0),
+        lo.path(),
         &Open {
             direct: Direct::On,
             ..Open::default()

@@ -7,6 +7,41 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// A loop device over an image file (`losetup -f --show --direct-io=on`),
+/// detached on drop. Fails the test, naming the image and losetup's words,
+/// when no loop device can be had (it needs root and loop devices).
+pub struct Loop(PathBuf);
+
+impl Loop {
+    pub fn new(img: &Path) -> Loop {
+        let o = Command::new("losetup")
+            .args(["-f", "--show", "--direct-io=on"])
+            .arg(img)
+            .output()
+            .expect("losetup: not installed");
+        assert!(
+            o.status.success(),
+            "losetup -f --show {}: {} (this test needs root and loop devices)",
+            img.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Loop(PathBuf::from(
+            String::from_utf8(o.stdout).unwrap().trim().to_string(),
+        ))
+    }
+
+    /// The device, e.g. /dev/loop3.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
 /// Fails the test unless it runs as root; `why` says what needs root
 /// (e.g. "the FUSE tests need root (mount(2))").
 pub fn require_root(why: &str) {

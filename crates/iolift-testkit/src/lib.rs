@@ -32,7 +32,7 @@ pub mod rng;
 pub use data::{parse_size, random_bytes, sha256_file, write_random_file};
 pub use disk::{
     fsck_clean, is_mounted, mkfs_ext4, qemu_img_compare, qemu_img_convert, require_root, sync,
-    umount_lazy, Mount,
+    umount_lazy, Loop, Mount,
 };
 pub use process::{
     cmd, find_tool, require_tool, run_capture, run_fail, run_ok, run_timeout, wait_child, Out,
