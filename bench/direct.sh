@@ -44,8 +44,8 @@ else
 fi
 
 WORK=$(mktemp -d /var/tmp/iolift-direct-bench.XXXXXX)
+. bench/lib.sh
 IMG=$WORK/disk.img
-SERVER_PID=
 cleanup() {
     if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
     rm -f "$IMG"
@@ -53,7 +53,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 peak_rss_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
 
 start_server() { # $1 = threads|uring, $2 = socket
@@ -62,18 +61,7 @@ start_server() { # $1 = threads|uring, $2 = socket
     rm -f "$2"
     "$IOLIFT" serve --socket "$2" --threads "$THREADS" "$spec" 2>"$WORK/$1.log" &
     SERVER_PID=$!
-    for _ in $(seq 200); do
-        [[ -S $2 ]] && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/$1.log" >&2; exit 1; }
-        sleep 0.05
-    done
-    echo "$1 did not start" >&2; cat "$WORK/$1.log" >&2; exit 1
-}
-
-stop_server() {
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=
+    wait_socket "$1" "$2"
 }
 
 JOBS=(

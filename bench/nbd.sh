@@ -47,16 +47,13 @@ echo "== building iolift (release)" >&2
 cargo build --release -p iolift >&2
 
 WORK=$(mktemp -d /tmp/iolift-bench.XXXXXX)
-SERVER_PID=
+. bench/lib.sh
 cleanup() {
     if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
     if [[ -z ${KEEP:-} ]]; then rm -rf "$WORK"; else echo "results kept in $WORK" >&2; fi
 }
 trap cleanup EXIT
 
-cpu_ticks() { # utime+stime of PID, in clock ticks
-    awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
-}
 
 start_server() { # $1 = iolift|nbdkit, $2 = socket
     rm -f "$2"
@@ -70,18 +67,7 @@ start_server() { # $1 = iolift|nbdkit, $2 = socket
         nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
     esac
     SERVER_PID=$!
-    for _ in $(seq 200); do
-        [[ -S $2 ]] && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/$1.log" >&2; exit 1; }
-        sleep 0.05
-    done
-    echo "$1 did not start" >&2; cat "$WORK/$1.log" >&2; exit 1
-}
-
-stop_server() {
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=
+    wait_socket "$1" "$2"
 }
 
 # name rw bs iodepth [numjobs: fio processes, one connection each]
