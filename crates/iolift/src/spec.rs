@@ -247,11 +247,6 @@ impl Opts {
         self.typed(key, default, |v| pick(choices, v))
     }
 
-    /// A free-text value (a path, a name), `None` when not given.
-    pub fn text(&self, key: &str) -> Option<&str> {
-        self.get(key)
-    }
-
     /// A label (`name=...`): letters, digits, `_`, `-`, `.`.
     pub fn label(&self, key: &str) -> Result<Option<String>> {
         self.typed(key, None, |v| parse_label(v).map(Some))

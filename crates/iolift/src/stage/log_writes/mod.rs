@@ -81,7 +81,7 @@ pub struct LogWritesConfig {
 }
 
 pub fn parse(o: &Opts) -> Result<LogWritesConfig> {
-    let Some(path) = o.text("path") else {
+    let Some(path) = o.get("path") else {
         bail!("stage log-writes: option path is required (log-writes:path=FILE)");
     };
     Ok(LogWritesConfig {
