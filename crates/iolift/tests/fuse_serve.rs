@@ -5,34 +5,13 @@ mod common;
 use common::*;
 
 use std::fs;
-use std::path::Path;
 use std::process::Command;
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    assert_eq!(
-        uid, 0,
-        "the FUSE tests need root (mount(2)): run the suite as root (CI does)"
-    );
-}
-
-fn is_mounted(dir: &Path) -> bool {
-    let Ok(d) = dir.canonicalize() else {
-        return false;
-    };
-    let m = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    m.lines()
-        .any(|l| l.split_whitespace().nth(4) == Some(d.to_str().unwrap_or("")))
-}
-
-/// Lazily unmounts a FUSE dir on drop if the server left it behind.
+/// Unmounts a FUSE dir on drop if the server left it behind.
 struct MountGuard(std::path::PathBuf);
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        if is_mounted(&self.0) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
+        umount_lazy(&self.0);
     }
 }
 
@@ -57,7 +36,7 @@ fn data_bytes(uri: &str) -> u64 {
 
 #[test]
 fn fuse_serve_file_and_nbd_see_the_same_bytes() {
-    require_root();
+    require_root("the FUSE tests need root (mount(2))");
     let _h = heavy();
     let tmp = tempfile::tempdir().unwrap();
     let fdir = tmp.path().join("fuse");
@@ -129,7 +108,7 @@ fn fuse_serve_file_and_nbd_see_the_same_bytes() {
 
 #[test]
 fn fuse_serve_bad_spec_is_a_clear_error() {
-    require_root();
+    require_root("the FUSE tests need root (mount(2))");
     let tmp = tempfile::tempdir().unwrap();
     let o = run_fail(
         Command::new(iolift_bin())
