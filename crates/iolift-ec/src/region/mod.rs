@@ -1,16 +1,48 @@
 //! iolift's own region kernels: outs[i] = sum_j c[i][j] * srcs[j] over
 //! GF(2^8), byte by byte. Two versions giving the same bytes: a portable
-//! table-driven loop, and an AVX2 loop (x86-64, picked at run time) that
-//! multiplies 32 bytes at once with two 16-entry lookups per coefficient
-//! (one for the low nibble of each byte, one for the high nibble). Each
-//! source vector is loaded once and added into up to four outputs held in
-//! registers, so a pass reads the data once for four parity chunks.
+//! table-driven loop, and an AVX2 loop (`avx2.rs`, x86-64, picked at run
+//! time) that multiplies 32 bytes at once with two 16-entry lookups per
+//! coefficient (one for the low nibble of each byte, one for the high
+//! nibble). Each source vector is loaded once and added into up to four
+//! outputs held in registers, so a pass reads the data once for four
+//! parity chunks. Coefficients 0 and 1 (jerasure's and ISA-L's first
+//! parity row is all ones) cost nothing and one XOR.
 
 use crate::gf;
 use crate::matrix::Matrix;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// Outputs computed per pass over the sources.
 const GROUP: usize = 4;
+
+/// What a coefficient costs the SIMD kernel: nothing, one XOR, or a
+/// multiplication through its nibble tables.
+const KIND_ZERO: u8 = 0;
+const KIND_ONE: u8 = 1;
+const KIND_MUL: u8 = 2;
+
+/// One coefficient's nibble products as the AVX2 kernel loads them: c * x
+/// for the low nibble x = 0..16 in both 16-byte lanes, then c * (x << 4)
+/// in both lanes.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Tab([u8; 64]);
+
+impl Tab {
+    fn new(c: u8) -> Tab {
+        let mut t = [0u8; 64];
+        for x in 0..16u8 {
+            let (l, h) = (gf::mul(c, x), gf::mul(c, x << 4));
+            t[x as usize] = l;
+            t[16 + x as usize] = l;
+            t[32 + x as usize] = h;
+            t[48 + x as usize] = h;
+        }
+        Tab(t)
+    }
+}
 
 /// A matrix prepared for the native kernels.
 pub struct NativePlan {
@@ -18,8 +50,9 @@ pub struct NativePlan {
     cols: usize,
     coeffs: Vec<u8>,
     /// Per group of up to GROUP rows, per source j, per row in the group:
-    /// 16 products c*x for the low nibble x, then 16 for the high nibble.
-    nibbles: Vec<[u8; 32]>,
+    /// the coefficient's tables and kind (KIND_*).
+    tabs: Vec<Tab>,
+    kinds: Vec<u8>,
     avx2: bool,
 }
 
@@ -37,18 +70,24 @@ pub fn avx2_available() -> bool {
 impl NativePlan {
     /// `simd`: use AVX2 when the CPU has it.
     pub fn new(m: &Matrix, simd: bool) -> NativePlan {
-        let mut nibbles = Vec::with_capacity(m.rows * m.cols);
-        for g in (0..m.rows).step_by(GROUP) {
-            let end = (g + GROUP).min(m.rows);
-            for j in 0..m.cols {
-                for r in g..end {
-                    let c = m.get(r, j);
-                    let mut t = [0u8; 32];
-                    for x in 0..16u8 {
-                        t[x as usize] = gf::mul(c, x);
-                        t[16 + x as usize] = gf::mul(c, x << 4);
+        let avx2 = simd && avx2_available();
+        let mut tabs = Vec::new();
+        let mut kinds = Vec::new();
+        if avx2 {
+            tabs.reserve(m.rows * m.cols);
+            kinds.reserve(m.rows * m.cols);
+            for g in (0..m.rows).step_by(GROUP) {
+                let end = (g + GROUP).min(m.rows);
+                for j in 0..m.cols {
+                    for r in g..end {
+                        let c = m.get(r, j);
+                        tabs.push(Tab::new(c));
+                        kinds.push(match c {
+                            0 => KIND_ZERO,
+                            1 => KIND_ONE,
+                            _ => KIND_MUL,
+                        });
                     }
-                    nibbles.push(t);
                 }
             }
         }
@@ -56,8 +95,9 @@ impl NativePlan {
             rows: m.rows,
             cols: m.cols,
             coeffs: m.data.clone(),
-            nibbles,
-            avx2: simd && avx2_available(),
+            tabs,
+            kinds,
+            avx2,
         }
     }
 
@@ -78,16 +118,16 @@ impl NativePlan {
             let mut base = 0;
             for group in outs.chunks_mut(GROUP) {
                 let n = group.len();
-                let tables = &self.nibbles[base..base + n * self.cols];
-                base += n * self.cols;
-                // SAFETY: AVX2 was detected; slices are bounds-checked
-                // inside for [0, done).
+                let end = base + n * self.cols;
+                let (t, kd) = (&self.tabs[base..end], &self.kinds[base..end]);
+                base = end;
+                // SAFETY: AVX2 was detected; dot checks the lengths.
                 unsafe {
                     match n {
-                        1 => avx2::dot::<1>(tables, srcs, group, done),
-                        2 => avx2::dot::<2>(tables, srcs, group, done),
-                        3 => avx2::dot::<3>(tables, srcs, group, done),
-                        _ => avx2::dot::<4>(tables, srcs, group, done),
+                        1 => avx2::dot::<1>(t, kd, srcs, group, done),
+                        2 => avx2::dot::<2>(t, kd, srcs, group, done),
+                        3 => avx2::dot::<3>(t, kd, srcs, group, done),
+                        _ => avx2::dot::<4>(t, kd, srcs, group, done),
                     }
                 }
             }
@@ -114,65 +154,6 @@ impl NativePlan {
                     }
                 }
             }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    /// outs[r][..len] = sum_j c[r][j] * srcs[j][..len] for N rows; len is a
-    /// multiple of 32. `tables[j * N + r]` holds row r's nibble products
-    /// for source j.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn dot<const N: usize>(
-        tables: &[[u8; 32]],
-        srcs: &[&[u8]],
-        outs: &mut [&mut [u8]],
-        len: usize,
-    ) {
-        debug_assert_eq!(len % 32, 0);
-        assert_eq!(tables.len(), N * srcs.len());
-        assert_eq!(outs.len(), N);
-        for s in srcs {
-            assert!(s.len() >= len);
-        }
-        for o in outs.iter() {
-            assert!(o.len() >= len);
-        }
-        // Broadcast each 16-byte table to both 128-bit lanes once.
-        let mut lo: Vec<__m256i> = Vec::with_capacity(tables.len());
-        let mut hi: Vec<__m256i> = Vec::with_capacity(tables.len());
-        for t in tables {
-            let l = _mm_loadu_si128(t.as_ptr() as *const __m128i);
-            let h = _mm_loadu_si128(t.as_ptr().add(16) as *const __m128i);
-            lo.push(_mm256_broadcastsi128_si256(l));
-            hi.push(_mm256_broadcastsi128_si256(h));
-        }
-        let mask = _mm256_set1_epi8(0x0f);
-        let optr: Vec<*mut u8> = outs.iter_mut().map(|o| o.as_mut_ptr()).collect();
-        let sptr: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr()).collect();
-        let mut pos = 0;
-        while pos < len {
-            let mut acc = [_mm256_setzero_si256(); N];
-            for (j, sp) in sptr.iter().enumerate() {
-                let v = _mm256_loadu_si256(sp.add(pos) as *const __m256i);
-                let vl = _mm256_and_si256(v, mask);
-                let vh = _mm256_and_si256(_mm256_srli_epi64(v, 4), mask);
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let t = j * N + r;
-                    let p = _mm256_xor_si256(
-                        _mm256_shuffle_epi8(*lo.get_unchecked(t), vl),
-                        _mm256_shuffle_epi8(*hi.get_unchecked(t), vh),
-                    );
-                    *a = _mm256_xor_si256(*a, p);
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                _mm256_storeu_si256(optr[r].add(pos) as *mut __m256i, *a);
-            }
-            pos += 32;
         }
     }
 }
@@ -269,12 +250,30 @@ mod tests {
 
     #[test]
     fn native_matches_definition() {
-        for (rows, cols, len) in [(1, 2, 31), (4, 8, 4096 + 17), (6, 5, 100), (3, 12, 64)] {
-            let m = Matrix {
-                rows,
-                cols,
-                data: pseudo(rows * cols, 7),
-            };
+        // Lengths: whole 64-byte steps, an odd 32-byte vector at the end,
+        // and a tail under 32 bytes for the portable loop. Every second
+        // matrix is mostly 0 and 1 coefficients (the kernel's shortcuts).
+        let shapes = [
+            (1, 2, 31),
+            (4, 8, 4096 + 17),
+            (6, 5, 100),
+            (3, 12, 64),
+            (2, 4, 96),
+            (8, 10, 4096 + 32 + 5),
+            (4, 6, 1024),
+        ];
+        for (n, (rows, cols, len)) in shapes.into_iter().enumerate() {
+            let mut data = pseudo(rows * cols, 7 + n as u64);
+            if n % 2 == 1 {
+                for c in data.iter_mut() {
+                    *c = match *c % 4 {
+                        0 => 0,
+                        1 | 2 => 1,
+                        _ => *c,
+                    };
+                }
+            }
+            let m = Matrix { rows, cols, data };
             let srcs: Vec<Vec<u8>> = (0..cols).map(|j| pseudo(len, j as u64 + 1)).collect();
             let want = slow(&m, &srcs);
             for simd in [false, true] {
