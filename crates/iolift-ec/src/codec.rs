@@ -1,17 +1,21 @@
 //! Encoding and decoding of one stripe: k data chunks of equal length in,
 //! m parity chunks out; any k of the k+m chunks rebuild the others.
 
+use crate::cache::{PlanCache, DEFAULT_CAPACITY};
 use crate::isal::Isal;
 use crate::matrix::{self, Matrix};
 use crate::profile::{Plugin, Profile, Technique};
-use crate::region::{BitPlan, NativePlan};
+use crate::region::{avx2_available, BitPlan, NativePlan};
 use crate::wide::{self, Wide, WidePlan};
 use crate::Error;
+use std::sync::Arc;
 
 /// Which kernels multiply matrices by chunks. All give the same bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
-    /// ISA-L when it loads, else the native SIMD kernel.
+    /// The fastest kernel here: iolift's own AVX2 kernel where the CPU
+    /// has AVX2 (it beats ISA-L's AVX2 kernels, see docs/ec.md), else
+    /// ISA-L when it loads (its SSE/NEON kernels), else the portable loop.
     Auto,
     /// ISA-L's ec_encode_data (error if libisal cannot be loaded).
     Isal,
@@ -81,6 +85,8 @@ pub struct Codec {
     wide: Option<(Wide, Vec<u32>)>,
     engine: Engine,
     encode_plan: Plan,
+    /// Decode plans by erasure pattern (bounded, see `with_plan_cache`).
+    plans: PlanCache<Plan>,
 }
 
 impl Codec {
@@ -118,6 +124,7 @@ impl Codec {
                 wide: Some((f, gen)),
                 engine,
                 encode_plan,
+                plans: PlanCache::new(DEFAULT_CAPACITY),
             });
         }
         let parity = match profile.technique {
@@ -140,7 +147,21 @@ impl Codec {
             wide: None,
             engine,
             encode_plan,
+            plans: PlanCache::new(DEFAULT_CAPACITY),
         })
+    }
+
+    /// Keeps at most `plans` decode plans (one per erasure pattern, least
+    /// recently used dropped first; 0 keeps none). The default is
+    /// [`DEFAULT_CAPACITY`](crate::cache::DEFAULT_CAPACITY).
+    pub fn with_plan_cache(mut self, plans: usize) -> Codec {
+        self.plans = PlanCache::new(plans);
+        self
+    }
+
+    /// Decode plans cached now.
+    pub fn cached_plans(&self) -> usize {
+        self.plans.len()
     }
 
     pub fn profile(&self) -> &Profile {
@@ -202,6 +223,54 @@ impl Codec {
         }
         self.check_len(len)?;
         self.encode_plan.run(data, parity);
+        Ok(())
+    }
+
+    /// `recovery_plan` through the codec's bounded cache: the same pattern
+    /// again costs a lookup, not an inversion.
+    pub fn decode_plan(&self, have: &[usize], want: &[usize]) -> Result<Arc<Plan>, Error> {
+        self.plans
+            .get_or_make(have, want, || self.recovery_plan(have, want))
+    }
+
+    /// Computes chunks `want` into `outs` from the k chunks `have` whose
+    /// contents are `srcs` (in `have`'s order), all of one length, with
+    /// a cached plan; allocates nothing once the pattern's plan is cached.
+    pub fn reconstruct(
+        &self,
+        have: &[usize],
+        srcs: &[&[u8]],
+        want: &[usize],
+        outs: &mut [&mut [u8]],
+    ) -> Result<(), Error> {
+        if srcs.len() != have.len() || outs.len() != want.len() {
+            return Err(Error::Invalid(format!(
+                "reconstruct: {} chunk ids for {} sources, {} for {} outputs",
+                have.len(),
+                srcs.len(),
+                want.len(),
+                outs.len()
+            )));
+        }
+        let len = srcs.first().map_or(0, |s| s.len());
+        if let Some(i) = (0..srcs.len()).find(|&i| srcs[i].len() != len) {
+            return Err(Error::Shards(format!(
+                "chunk {} is {} bytes, chunk {} is {len}",
+                have[i],
+                srcs[i].len(),
+                have[0]
+            )));
+        }
+        if let Some(i) = (0..outs.len()).find(|&i| outs[i].len() != len) {
+            return Err(Error::Invalid(format!(
+                "output for chunk {} is {} bytes, the chunks are {len}",
+                want[i],
+                outs[i].len()
+            )));
+        }
+        self.check_len(len)?;
+        let plan = self.decode_plan(have, want)?;
+        plan.run(srcs, outs);
         Ok(())
     }
 
@@ -274,7 +343,7 @@ impl Codec {
         // Prefer data chunks as sources: fewer multiplications when the
         // erasures are parity only.
         let use_: Vec<usize> = have[..k].to_vec();
-        let plan = self.recovery_plan(&use_, &want)?;
+        let plan = self.decode_plan(&use_, &want)?;
         let mut outs: Vec<Vec<u8>> = want.iter().map(|_| vec![0u8; len]).collect();
         {
             let srcs: Vec<&[u8]> = use_
@@ -295,14 +364,18 @@ fn plan(profile: &Profile, engine: Engine, rows: &Matrix) -> Plan {
     if profile.technique.is_bitmatrix() {
         return Plan::Bits(BitPlan::new(rows, profile.packetsize));
     }
+    let isal = |lib: &'static Isal| {
+        Plan::Isal(
+            lib,
+            lib.tables(rows.cols, rows.rows, &rows.data),
+            rows.rows,
+            rows.cols,
+        )
+    };
     match engine {
+        Engine::Auto if avx2_available() => Plan::Native(NativePlan::new(rows, true)),
         Engine::Auto | Engine::Isal => match Isal::get() {
-            Ok(lib) => Plan::Isal(
-                lib,
-                lib.tables(rows.cols, rows.rows, &rows.data),
-                rows.rows,
-                rows.cols,
-            ),
+            Ok(lib) => isal(lib),
             Err(_) => Plan::Native(NativePlan::new(rows, true)),
         },
         Engine::Native => Plan::Native(NativePlan::new(rows, true)),

@@ -1,11 +1,12 @@
 //! Reed-Solomon erasure coding over GF(2^8), byte-identical with Ceph's
 //! `jerasure` (reed_sol_van, reed_sol_r6_op, cauchy_orig, cauchy_good) and
 //! `isa` (reed_sol_van, cauchy) erasure-code plugins, with Ceph's chunk-size
-//! rules. Matrices are multiplied by ISA-L's kernels when libisal loads at
-//! run time, otherwise by iolift's own (AVX2 or portable), with the same
-//! bytes either way.
+//! rules. Matrices are multiplied by iolift's own AVX2 kernel where the CPU
+//! has AVX2, else by ISA-L's kernels when libisal loads at run time, else
+//! by a portable loop, with the same bytes either way.
 
 pub mod bench;
+pub mod cache;
 pub mod codec;
 pub mod gf;
 pub mod isal;

@@ -30,11 +30,12 @@ proptest! {
         extra in 0usize..5000,
         seed in any::<u64>(),
         erase_seed in any::<u64>(),
-        engine in 0usize..3,
+        engine in 0usize..4,
     ) {
         let p = Profile::parse(&profile_text(tech, k, m)).unwrap();
-        let engine = [Engine::Auto, Engine::Native, Engine::Scalar][engine];
-        let codec = Codec::with_engine(&p, engine).unwrap();
+        let engine = [Engine::Auto, Engine::Native, Engine::Scalar, Engine::Isal][engine];
+        let codec = Codec::with_engine(&p, engine)
+            .unwrap_or_else(|e| panic!("{e} (scripts/test.sh installs libisal2)"));
         let su = p.stripe_unit_multiple() * mult;
         let len = extra + 1;
         let mut x = seed | 1;
@@ -88,4 +89,51 @@ fn too_many_erasures_and_mismatched_sizes_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("stripe_unit=48"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// A codec with a tiny plan cache decodes a stream of random erasure
+    /// patterns (patterns repeat, plans are evicted and made again) to the
+    /// same bytes as a codec that caches nothing, and never holds more
+    /// plans than its budget.
+    #[test]
+    fn cached_plans_decode_like_fresh_ones(
+        k in 2usize..=12,
+        m in 1usize..=4,
+        seed in any::<u64>(),
+    ) {
+        let p = Profile::parse(&format!("plugin=jerasure,technique=reed_sol_van,k={k},m={m}")).unwrap();
+        let n = k + m;
+        let cached = Codec::new(&p).unwrap().with_plan_cache(2);
+        let fresh = Codec::new(&p).unwrap().with_plan_cache(0);
+        let len = 96;
+        let data: Vec<Vec<u8>> = (0..k).map(|j| iolift_testkit::random_bytes(len, seed ^ j as u64)).collect();
+        let mut parity = vec![vec![0u8; len]; m];
+        {
+            let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+            let mut o: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+            cached.encode(&d, &mut o).unwrap();
+        }
+        let all: Vec<Vec<u8>> = data.into_iter().chain(parity).collect();
+        let mut x = seed | 1;
+        for _ in 0..12 {
+            // One of a few patterns: the first `lost` chunks from a start.
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            let lost = 1 + (x % m as u64) as usize;
+            let start = ((x >> 8) % 3) as usize % n;
+            let gone: Vec<usize> = (0..lost).map(|i| (start + i) % n).collect();
+            let mut a: Vec<Option<Vec<u8>>> = (0..n).map(|i| (!gone.contains(&i)).then(|| all[i].clone())).collect();
+            let mut b = a.clone();
+            cached.decode(&mut a).unwrap();
+            fresh.decode(&mut b).unwrap();
+            prop_assert_eq!(&a, &b);
+            for i in 0..n {
+                prop_assert!(a[i].as_ref() == Some(&all[i]));
+            }
+            prop_assert!(cached.cached_plans() <= 2);
+            prop_assert_eq!(fresh.cached_plans(), 0);
+        }
+    }
 }
