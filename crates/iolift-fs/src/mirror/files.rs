@@ -1,0 +1,229 @@
+//! Open files and directories of the mirror: a bounded handle table, and
+//! the data operations on a handle's host fd.
+
+use super::{sys, MirrorFs};
+use crate::model::*;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// One open file or directory.
+#[derive(Debug)]
+pub struct Handle {
+    pub fd: Arc<OwnedFd>,
+    /// Serialises seek + getdents of a directory listing.
+    pub dir_lock: Option<Mutex<()>>,
+}
+
+/// Open handles by `fh`, at most `max` (ENFILE beyond).
+pub struct Handles {
+    map: RwLock<HashMap<u64, Arc<Handle>>>,
+    next: AtomicU64,
+    max: usize,
+}
+
+impl Handles {
+    pub fn new(max: usize) -> Handles {
+        Handles {
+            map: RwLock::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            max: max.max(1),
+        }
+    }
+
+    pub fn add(&self, h: Handle) -> FsResult<u64> {
+        let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= self.max {
+            return Err(Errno::ENFILE);
+        }
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        m.insert(fh, Arc::new(h));
+        Ok(fh)
+    }
+
+    /// The handle `fh` (EBADF if it is not open: a malformed request).
+    pub fn get(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno::EBADF)
+    }
+
+    pub fn remove(&self, fh: u64) -> FsResult<()> {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh)
+            .map(drop)
+            .ok_or(Errno::EBADF)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+impl MirrorFs {
+    /// open(2) flags as the host open gets them.
+    fn host_flags(&self, flags: i32) -> i32 {
+        // O_DIRECT: the served path reads into unaligned buffers; the
+        // kernel side of FUSE already bypasses its cache for direct opens.
+        let mut f = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT);
+        if self.opts.writeback {
+            // The kernel reads pages around partial writes and does the
+            // appending itself.
+            if f & libc::O_ACCMODE == libc::O_WRONLY {
+                f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            f &= !libc::O_APPEND;
+        }
+        f
+    }
+
+    fn opened(&self, fd: OwnedFd) -> FsResult<Opened> {
+        let fd = Arc::new(fd);
+        let fh = self.handles.add(Handle {
+            fd: fd.clone(),
+            dir_lock: None,
+        })?;
+        let mut o = Opened::handle(fh);
+        if self.opts.passthrough {
+            o.passthrough = Some(fd);
+        }
+        Ok(o)
+    }
+
+    pub(super) fn open_file(&self, ino: u64, flags: i32) -> FsResult<Opened> {
+        let node = self.nodes.get(ino)?;
+        match node.kind {
+            libc::S_IFLNK => return Err(Errno::ELOOP),
+            libc::S_IFDIR if flags & libc::O_ACCMODE != libc::O_RDONLY => {
+                return Err(Errno::EISDIR)
+            }
+            _ => {}
+        }
+        let fd = sys::reopen(
+            self.proc_fd.as_fd(),
+            node.fd.as_raw_fd(),
+            self.host_flags(flags),
+        )?;
+        self.opened(fd)
+    }
+
+    pub(super) fn create_file(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> FsResult<(Entry, Opened)> {
+        check_name(name)?;
+        let p = self.dir_node(parent)?;
+        let c = sys::cstr(name)?;
+        let f = self.host_flags(flags) | libc::O_CREAT | libc::O_NOFOLLOW | (flags & libc::O_EXCL);
+        let fd = sys::open_beneath(p.fd.as_fd(), &c, f, mode)?;
+        self.chown_new(ctx, &p, &c)?;
+        // The node comes from the open file itself, not from the name again
+        // (which another client may have renamed meanwhile).
+        let path_fd = sys::reopen(self.proc_fd.as_fd(), fd.as_raw_fd(), libc::O_PATH)?;
+        let entry = self.enter(path_fd)?;
+        match self.opened(fd) {
+            Ok(o) => Ok((entry, o)),
+            Err(e) => {
+                self.nodes.forget(entry.attr.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn read_now(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let h = self.handles.get(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut got = 0;
+        while got < buf.len() {
+            let n = sys::pread(h.fd.as_fd(), &mut buf[got..], offset + got as u64)?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        buf.truncate(got);
+        Ok(Bytes::from(buf))
+    }
+
+    pub(super) fn write_now(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let h = self.handles.get(fh)?;
+        sys::pwrite_all(h.fd.as_fd(), data, offset).map(|n| n as u32)
+    }
+
+    pub(super) fn sync(&self, fh: u64, datasync: bool) -> FsResult<()> {
+        let h = self.handles.get(fh)?;
+        // SAFETY: plain system calls on an fd we own.
+        let r = unsafe {
+            if datasync {
+                libc::fdatasync(h.fd.as_raw_fd())
+            } else {
+                libc::fsync(h.fd.as_raw_fd())
+            }
+        };
+        sys::cvt(r).map(drop)
+    }
+
+    pub(super) fn allocate(&self, fh: u64, off: u64, len: u64, mode: i32) -> FsResult<()> {
+        let h = self.handles.get(fh)?;
+        let (off, len) = (
+            i64::try_from(off).map_err(|_| Errno::EINVAL)?,
+            i64::try_from(len).map_err(|_| Errno::EINVAL)?,
+        );
+        // SAFETY: plain system call; the host checks mode and range.
+        sys::cvt(unsafe { libc::fallocate(h.fd.as_raw_fd(), mode, off, len) }).map(drop)
+    }
+
+    pub(super) fn seek(&self, fh: u64, off: i64, whence: i32) -> FsResult<i64> {
+        let h = self.handles.get(fh)?;
+        // SAFETY: plain system call; pread/pwrite never use the position.
+        let r = unsafe { libc::lseek(h.fd.as_raw_fd(), off, whence) };
+        if r < 0 {
+            Err(Errno::last())
+        } else {
+            Ok(r)
+        }
+    }
+
+    pub(super) fn copy_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u32,
+    ) -> FsResult<u32> {
+        let (a, b) = (self.handles.get(fh_in)?, self.handles.get(fh_out)?);
+        let mut oi = i64::try_from(off_in).map_err(|_| Errno::EINVAL)?;
+        let mut oo = i64::try_from(off_out).map_err(|_| Errno::EINVAL)?;
+        let len = len.min(u32::MAX as u64 & !0xfff) as usize;
+        // SAFETY: offsets are valid pointers to i64; fds are ours.
+        let n = unsafe {
+            libc::copy_file_range(
+                a.fd.as_raw_fd(),
+                &mut oi,
+                b.fd.as_raw_fd(),
+                &mut oo,
+                len,
+                flags,
+            )
+        };
+        if n < 0 {
+            Err(Errno::last())
+        } else {
+            Ok(n as u32)
+        }
+    }
+}
