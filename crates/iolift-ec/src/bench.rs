@@ -28,7 +28,8 @@ pub struct BenchOptions {
     pub threads: Vec<usize>,
     pub reps: usize,
     pub ms: u64,
-    /// Implementation names to run; empty = all that load.
+    /// Implementation names to run; empty = all that load but
+    /// iolift-native (the same kernel as iolift on an AVX2 CPU).
     pub only: Vec<String>,
 }
 
@@ -359,12 +360,23 @@ fn impls<'a>(
 ) -> Result<Vec<Impl<'a>>, Error> {
     let mut out: Vec<Impl> = Vec::new();
     let shape = (k, m, size);
-    // iolift with ISA-L's kernels (auto) and with its own.
+    // iolift as it runs by default (auto: its own AVX2 kernel where the
+    // CPU has AVX2), and with its matrices on ISA-L's kernels.
     let jer_rs = profile(&format!(
         "plugin=jerasure,technique=reed_sol_van,k={k},m={m}"
     ));
-    for (name, engine) in [("iolift", Engine::Auto), ("iolift-native", Engine::Native)] {
-        if want(name) {
+    if want("iolift") {
+        out.push(ours(
+            "iolift",
+            Codec::with_engine(&jer_rs, Engine::Auto)?,
+            m,
+        )?);
+    }
+    for (name, engine) in [
+        ("iolift-native", Engine::Native),
+        ("iolift-isal", Engine::Isal),
+    ] {
+        if want(name) && (engine != Engine::Isal || isal.is_some()) {
             out.push(ours(name, Codec::with_engine(&jer_rs, engine)?, m)?);
         }
     }
@@ -498,11 +510,18 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<(), Error> {
         opts.ms,
         isal.as_ref().map_or_else(|e| format!("not loaded ({e})"), |_| "libisal.so.2".into()),
         jer.as_ref().map_or_else(|e| format!("not loaded ({e})"), |_| "libJerasure.so.2".into()),
-        Codec::new(&profile("plugin=isa,k=2,m=1"))?.kernel(),
+        Codec::new(&profile("plugin=isa,k=4,m=2"))?.kernel(),
     )
     .map_err(io)?;
     writeln!(out, "op\tk\tm\tchunk\tthreads\timpl\tmedian_gbs\tbest_gbs").map_err(io)?;
-    let want = |n: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == n);
+    // iolift-native is what auto runs on an AVX2 CPU: timed only when named.
+    let want = |n: &str| {
+        if opts.only.is_empty() {
+            n != "iolift-native"
+        } else {
+            opts.only.iter().any(|o| o == n)
+        }
+    };
     for &(k, m) in &opts.km {
         for &size in &opts.sizes {
             let list = impls(k, m, size, isal.as_ref().ok(), jer.as_ref().ok(), &want)?;
@@ -542,7 +561,9 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<(), Error> {
                     for (a, b) in [
                         ("iolift", "isal"),
                         ("iolift-native", "isal"),
+                        ("iolift-isal", "isal"),
                         ("iolift", "jerasure"),
+                        ("isal", "jerasure"),
                         ("iolift-cauchy", "jerasure-cauchy"),
                     ] {
                         if let (Some(x), Some(y)) = (get(a), get(b)) {
@@ -559,5 +580,21 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<(), Error> {
             }
         }
     }
+    match peak_rss_kib() {
+        Some(kib) => writeln!(
+            out,
+            "# peak RSS {:.1} MiB (VmHWM of this process: iolift and the peers it loaded)",
+            kib as f64 / 1024.0
+        ),
+        None => writeln!(out, "# peak RSS: not available (no /proc/self/status)"),
+    }
+    .map_err(io)?;
     Ok(())
+}
+
+/// The process's peak resident set (VmHWM), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }

@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 
 /// How far ahead (bytes) each source is prefetched: eight 64-byte steps.
 const PREFETCH: usize = 512;
+const WIDE: bool = option_env!("EC_NARROW").is_none();
 
 /// The nibbles of `v`: (low, high), each byte 0..16.
 #[inline(always)]
@@ -34,7 +35,8 @@ unsafe fn mul(t: &Tab, (lo, hi): (__m256i, __m256i)) -> __m256i {
 }
 
 /// outs[r][..len] for N rows; `len` is a multiple of 32. `tabs[j * N + r]`
-/// and `kinds[j * N + r]` describe row r's coefficient for source j.
+/// is row r's coefficient for source j, and bits 2r..2r+2 of `kinds[j]`
+/// its kind (one byte per source: one load, not N, per source and step).
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -48,7 +50,7 @@ pub unsafe fn dot<const N: usize>(
 ) {
     assert_eq!(len % 32, 0);
     assert_eq!(tabs.len(), N * srcs.len());
-    assert_eq!(kinds.len(), N * srcs.len());
+    assert_eq!(kinds.len(), srcs.len());
     assert_eq!(outs.len(), N);
     assert!(srcs.iter().all(|s| s.len() >= len));
     assert!(outs.iter().all(|o| o.len() >= len));
@@ -58,7 +60,7 @@ pub unsafe fn dot<const N: usize>(
         *p = o.as_mut_ptr();
     }
     let mut pos = 0;
-    while pos + 64 <= len {
+    while WIDE && pos + 64 <= len {
         let mut a0 = [_mm256_setzero_si256(); N];
         let mut a1 = [_mm256_setzero_si256(); N];
         for (j, s) in srcs.iter().enumerate() {
@@ -69,9 +71,9 @@ pub unsafe fn dot<const N: usize>(
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
             let (s0, s1) = (split(v0, mask), split(v1, mask));
             let t = tabs.get_unchecked(j * N..j * N + N);
-            let kd = kinds.get_unchecked(j * N..j * N + N);
+            let kd = *kinds.get_unchecked(j);
             for r in 0..N {
-                match kd[r] {
+                match (kd >> (2 * r)) & 3 {
                     KIND_ZERO => {}
                     KIND_ONE => {
                         a0[r] = _mm256_xor_si256(a0[r], v0);
@@ -90,13 +92,14 @@ pub unsafe fn dot<const N: usize>(
         }
         pos += 64;
     }
-    if pos < len {
+    while pos < len {
         let mut a = [_mm256_setzero_si256(); N];
         for (j, s) in srcs.iter().enumerate() {
             let v = _mm256_loadu_si256(s.as_ptr().add(pos) as *const __m256i);
             let sv = split(v, mask);
+            let kd = *kinds.get_unchecked(j);
             for r in 0..N {
-                match kinds[j * N + r] {
+                match (kd >> (2 * r)) & 3 {
                     KIND_ZERO => {}
                     KIND_ONE => a[r] = _mm256_xor_si256(a[r], v),
                     _ => a[r] = _mm256_xor_si256(a[r], mul(&tabs[j * N + r], sv)),
@@ -106,5 +109,6 @@ pub unsafe fn dot<const N: usize>(
         for r in 0..N {
             _mm256_storeu_si256(optr[r].add(pos) as *mut __m256i, a[r]);
         }
+        pos += 32;
     }
 }

@@ -49,8 +49,9 @@ pub struct NativePlan {
     rows: usize,
     cols: usize,
     coeffs: Vec<u8>,
-    /// Per group of up to GROUP rows, per source j, per row in the group:
-    /// the coefficient's tables and kind (KIND_*).
+    /// Per group of up to GROUP rows, per source j, per row r in the
+    /// group: the coefficient's tables; and per group and source, the
+    /// rows' kinds (KIND_*), two bits per row (row r at bit 2r).
     tabs: Vec<Tab>,
     kinds: Vec<u8>,
     avx2: bool,
@@ -79,15 +80,18 @@ impl NativePlan {
             for g in (0..m.rows).step_by(GROUP) {
                 let end = (g + GROUP).min(m.rows);
                 for j in 0..m.cols {
+                    let mut kind = 0u8;
                     for r in g..end {
                         let c = m.get(r, j);
                         tabs.push(Tab::new(c));
-                        kinds.push(match c {
+                        let k = match c {
                             0 => KIND_ZERO,
                             1 => KIND_ONE,
                             _ => KIND_MUL,
-                        });
+                        };
+                        kind |= k << (2 * (r - g));
                     }
+                    kinds.push(kind);
                 }
             }
         }
@@ -116,10 +120,11 @@ impl NativePlan {
         if self.avx2 {
             done = len / 32 * 32;
             let mut base = 0;
-            for group in outs.chunks_mut(GROUP) {
+            for (g, group) in outs.chunks_mut(GROUP).enumerate() {
                 let n = group.len();
                 let end = base + n * self.cols;
-                let (t, kd) = (&self.tabs[base..end], &self.kinds[base..end]);
+                let t = &self.tabs[base..end];
+                let kd = &self.kinds[g * self.cols..(g + 1) * self.cols];
                 base = end;
                 // SAFETY: AVX2 was detected; dot checks the lengths.
                 unsafe {
