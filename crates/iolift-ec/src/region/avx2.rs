@@ -2,19 +2,23 @@
 //! [`GROUP`](super::GROUP) rows in one pass over the sources. Each 32-byte
 //! vector of a source is loaded once, split into its low and high nibbles,
 //! and added into every row's accumulator with two `vpshufb` lookups (the
-//! products of the coefficient with each nibble value), or with a plain XOR
-//! where the coefficient is 1, or not at all where it is 0. The loop takes
-//! 64 bytes (two vectors) per source per step, so each table load serves
-//! two vectors; a 32-byte step finishes lengths that are an odd number of
-//! vectors. Each source is prefetched a few cache lines ahead, which helps
-//! when the chunks come from L3 or memory (1 MiB chunks). Only called after `is_x86_feature_detected!("avx2")`.
+//! products of the coefficient with each nibble value). A first row whose
+//! coefficients are all 1 (the first parity row of jerasure's and ISA-L's
+//! matrices, the XOR of the data) is one XOR per vector instead. The loop
+//! takes 64 bytes (two vectors) per source per step, so each table load
+//! serves two vectors; a 32-byte step finishes lengths that are an odd
+//! number of vectors. Each source is prefetched a few cache lines ahead,
+//! which helps when the chunks come from L3 or memory (1 MiB chunks).
+//! There are no branches in the loop: with eight accumulators, four nibble
+//! vectors and two tables live, the sixteen AVX2 registers are just enough
+//! (a data-dependent branch per coefficient made the compiler spill).
+//! Only called after `is_x86_feature_detected!("avx2")`.
 
-use super::{Tab, KIND_ONE, KIND_ZERO};
+use super::Tab;
 use std::arch::x86_64::*;
 
 /// How far ahead (bytes) each source is prefetched: eight 64-byte steps.
 const PREFETCH: usize = 512;
-const WIDE: bool = option_env!("EC_NARROW").is_none();
 
 /// The nibbles of `v`: (low, high), each byte 0..16.
 #[inline(always)]
@@ -35,22 +39,20 @@ unsafe fn mul(t: &Tab, (lo, hi): (__m256i, __m256i)) -> __m256i {
 }
 
 /// outs[r][..len] for N rows; `len` is a multiple of 32. `tabs[j * N + r]`
-/// is row r's coefficient for source j, and bits 2r..2r+2 of `kinds[j]`
-/// its kind (one byte per source: one load, not N, per source and step).
+/// is row r's coefficient for source j. With `XOR`, row 0's coefficients
+/// are all 1 and its tables are not read.
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
-pub unsafe fn dot<const N: usize>(
+pub unsafe fn dot<const N: usize, const XOR: bool>(
     tabs: &[Tab],
-    kinds: &[u8],
     srcs: &[&[u8]],
     outs: &mut [&mut [u8]],
     len: usize,
 ) {
     assert_eq!(len % 32, 0);
     assert_eq!(tabs.len(), N * srcs.len());
-    assert_eq!(kinds.len(), srcs.len());
     assert_eq!(outs.len(), N);
     assert!(srcs.iter().all(|s| s.len() >= len));
     assert!(outs.iter().all(|o| o.len() >= len));
@@ -59,8 +61,9 @@ pub unsafe fn dot<const N: usize>(
     for (p, o) in optr.iter_mut().zip(outs.iter_mut()) {
         *p = o.as_mut_ptr();
     }
+    let first = usize::from(XOR);
     let mut pos = 0;
-    while WIDE && pos + 64 <= len {
+    while pos + 64 <= len {
         let mut a0 = [_mm256_setzero_si256(); N];
         let mut a1 = [_mm256_setzero_si256(); N];
         for (j, s) in srcs.iter().enumerate() {
@@ -69,21 +72,15 @@ pub unsafe fn dot<const N: usize>(
             let v1 = _mm256_loadu_si256(p.add(32) as *const __m256i);
             // A hint only: an address past the end does not fault.
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+            if XOR {
+                a0[0] = _mm256_xor_si256(a0[0], v0);
+                a1[0] = _mm256_xor_si256(a1[0], v1);
+            }
             let (s0, s1) = (split(v0, mask), split(v1, mask));
             let t = tabs.get_unchecked(j * N..j * N + N);
-            let kd = *kinds.get_unchecked(j);
-            for r in 0..N {
-                match (kd >> (2 * r)) & 3 {
-                    KIND_ZERO => {}
-                    KIND_ONE => {
-                        a0[r] = _mm256_xor_si256(a0[r], v0);
-                        a1[r] = _mm256_xor_si256(a1[r], v1);
-                    }
-                    _ => {
-                        a0[r] = _mm256_xor_si256(a0[r], mul(&t[r], s0));
-                        a1[r] = _mm256_xor_si256(a1[r], mul(&t[r], s1));
-                    }
-                }
+            for r in first..N {
+                a0[r] = _mm256_xor_si256(a0[r], mul(&t[r], s0));
+                a1[r] = _mm256_xor_si256(a1[r], mul(&t[r], s1));
             }
         }
         for r in 0..N {
@@ -92,23 +89,20 @@ pub unsafe fn dot<const N: usize>(
         }
         pos += 64;
     }
-    while pos < len {
+    if pos < len {
         let mut a = [_mm256_setzero_si256(); N];
         for (j, s) in srcs.iter().enumerate() {
             let v = _mm256_loadu_si256(s.as_ptr().add(pos) as *const __m256i);
+            if XOR {
+                a[0] = _mm256_xor_si256(a[0], v);
+            }
             let sv = split(v, mask);
-            let kd = *kinds.get_unchecked(j);
-            for r in 0..N {
-                match (kd >> (2 * r)) & 3 {
-                    KIND_ZERO => {}
-                    KIND_ONE => a[r] = _mm256_xor_si256(a[r], v),
-                    _ => a[r] = _mm256_xor_si256(a[r], mul(&tabs[j * N + r], sv)),
-                }
+            for r in first..N {
+                a[r] = _mm256_xor_si256(a[r], mul(&tabs[j * N + r], sv));
             }
         }
         for r in 0..N {
             _mm256_storeu_si256(optr[r].add(pos) as *mut __m256i, a[r]);
         }
-        pos += 32;
     }
 }

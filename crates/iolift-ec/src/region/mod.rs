@@ -5,8 +5,8 @@
 //! coefficient (one for the low nibble of each byte, one for the high
 //! nibble). Each source vector is loaded once and added into up to four
 //! outputs held in registers, so a pass reads the data once for four
-//! parity chunks. Coefficients 0 and 1 (jerasure's and ISA-L's first
-//! parity row is all ones) cost nothing and one XOR.
+//! parity chunks. A first row of ones (jerasure's and ISA-L's first
+//! parity row) is a plain XOR.
 
 use crate::gf;
 use crate::matrix::Matrix;
@@ -16,12 +16,6 @@ mod avx2;
 
 /// Outputs computed per pass over the sources.
 const GROUP: usize = 4;
-
-/// What a coefficient costs the SIMD kernel: nothing, one XOR, or a
-/// multiplication through its nibble tables.
-const KIND_ZERO: u8 = 0;
-const KIND_ONE: u8 = 1;
-const KIND_MUL: u8 = 2;
 
 /// One coefficient's nibble products as the AVX2 kernel loads them: c * x
 /// for the low nibble x = 0..16 in both 16-byte lanes, then c * (x << 4)
@@ -50,10 +44,10 @@ pub struct NativePlan {
     cols: usize,
     coeffs: Vec<u8>,
     /// Per group of up to GROUP rows, per source j, per row r in the
-    /// group: the coefficient's tables; and per group and source, the
-    /// rows' kinds (KIND_*), two bits per row (row r at bit 2r).
+    /// group: the coefficient's tables.
     tabs: Vec<Tab>,
-    kinds: Vec<u8>,
+    /// Per group: its first row is all ones (XOR of the sources).
+    xor_first: Vec<bool>,
     avx2: bool,
 }
 
@@ -73,26 +67,17 @@ impl NativePlan {
     pub fn new(m: &Matrix, simd: bool) -> NativePlan {
         let avx2 = simd && avx2_available();
         let mut tabs = Vec::new();
-        let mut kinds = Vec::new();
+        let mut xor_first = Vec::new();
         if avx2 {
             tabs.reserve(m.rows * m.cols);
-            kinds.reserve(m.rows * m.cols);
             for g in (0..m.rows).step_by(GROUP) {
                 let end = (g + GROUP).min(m.rows);
                 for j in 0..m.cols {
-                    let mut kind = 0u8;
                     for r in g..end {
-                        let c = m.get(r, j);
-                        tabs.push(Tab::new(c));
-                        let k = match c {
-                            0 => KIND_ZERO,
-                            1 => KIND_ONE,
-                            _ => KIND_MUL,
-                        };
-                        kind |= k << (2 * (r - g));
+                        tabs.push(Tab::new(m.get(r, j)));
                     }
-                    kinds.push(kind);
                 }
+                xor_first.push(m.row(g).iter().all(|&c| c == 1));
             }
         }
         NativePlan {
@@ -100,7 +85,7 @@ impl NativePlan {
             cols: m.cols,
             coeffs: m.data.clone(),
             tabs,
-            kinds,
+            xor_first,
             avx2,
         }
     }
@@ -124,15 +109,18 @@ impl NativePlan {
                 let n = group.len();
                 let end = base + n * self.cols;
                 let t = &self.tabs[base..end];
-                let kd = &self.kinds[g * self.cols..(g + 1) * self.cols];
                 base = end;
                 // SAFETY: AVX2 was detected; dot checks the lengths.
                 unsafe {
-                    match n {
-                        1 => avx2::dot::<1>(t, kd, srcs, group, done),
-                        2 => avx2::dot::<2>(t, kd, srcs, group, done),
-                        3 => avx2::dot::<3>(t, kd, srcs, group, done),
-                        _ => avx2::dot::<4>(t, kd, srcs, group, done),
+                    match (n, self.xor_first[g]) {
+                        (1, false) => avx2::dot::<1, false>(t, srcs, group, done),
+                        (2, false) => avx2::dot::<2, false>(t, srcs, group, done),
+                        (3, false) => avx2::dot::<3, false>(t, srcs, group, done),
+                        (_, false) => avx2::dot::<4, false>(t, srcs, group, done),
+                        (1, true) => avx2::dot::<1, true>(t, srcs, group, done),
+                        (2, true) => avx2::dot::<2, true>(t, srcs, group, done),
+                        (3, true) => avx2::dot::<3, true>(t, srcs, group, done),
+                        (_, true) => avx2::dot::<4, true>(t, srcs, group, done),
                     }
                 }
             }
@@ -256,8 +244,9 @@ mod tests {
     #[test]
     fn native_matches_definition() {
         // Lengths: whole 64-byte steps, an odd 32-byte vector at the end,
-        // and a tail under 32 bytes for the portable loop. Every second
-        // matrix is mostly 0 and 1 coefficients (the kernel's shortcuts).
+        // and a tail under 32 bytes for the portable loop. In every second
+        // matrix the first row of each group of four is all ones (the
+        // kernel's XOR row) and the other coefficients are mostly 0 and 1.
         let shapes = [
             (1, 2, 31),
             (4, 8, 4096 + 17),
@@ -276,6 +265,9 @@ mod tests {
                         1 | 2 => 1,
                         _ => *c,
                     };
+                }
+                for r in (0..rows).step_by(4) {
+                    data[r * cols..(r + 1) * cols].fill(1);
                 }
             }
             let m = Matrix { rows, cols, data };
