@@ -1,0 +1,44 @@
+//! Backing files: read-only, raw or qcow2. Guest bytes past the backing
+//! file's size read as zeroes.
+
+use crate::control::ControlPlane;
+use crate::error::{io_ctx, Result};
+use crate::io::read_zero_fill;
+use std::fs::File;
+use std::sync::Arc;
+
+pub enum Backing {
+    Raw {
+        file: File,
+        size: u64,
+    },
+    /// Opened read-only with no cache: read under its own lock.
+    Qcow2(Arc<ControlPlane>),
+}
+
+impl Backing {
+    fn size(&self) -> u64 {
+        match self {
+            Backing::Raw { size, .. } => *size,
+            Backing::Qcow2(cp) => cp.size(),
+        }
+    }
+
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        let size = self.size();
+        let n = if off >= size {
+            0
+        } else {
+            (size - off).min(buf.len() as u64) as usize
+        };
+        buf[n..].fill(0);
+        if n == 0 {
+            return Ok(());
+        }
+        match self {
+            Backing::Raw { file, .. } => read_zero_fill(file, off, &mut buf[..n])
+                .map_err(io_ctx(format!("reading the backing file at {off}"))),
+            Backing::Qcow2(cp) => cp.read_locked(off, &mut buf[..n]),
+        }
+    }
+}
