@@ -27,8 +27,9 @@ pub struct EcArgs {
     /// matrix techniques, stripe units a multiple of 4).
     #[arg(long, value_enum, default_value = "cpu", global = true)]
     pub device: Device,
-    /// CPU kernel: auto (ISA-L if libisal.so.2 loads, else native), isal,
-    /// native (iolift's AVX2 or portable loop), scalar (portable loop).
+    /// CPU kernel: auto (native where the CPU has AVX2, else ISA-L if
+    /// libisal.so.2 loads, else the portable loop), isal, native (iolift's
+    /// AVX2 kernel or portable loop), scalar (portable loop).
     #[arg(long, default_value = "auto", global = true)]
     pub engine: String,
     #[command(subcommand)]
@@ -101,8 +102,9 @@ pub struct BenchArgs {
     /// Milliseconds per repetition.
     #[arg(long, default_value_t = 30)]
     pub ms: u64,
-    /// Implementations to run (iolift, iolift-native, isal, jerasure,
-    /// jerasure-cauchy); by default all that load.
+    /// Implementations to run (iolift, iolift-native, iolift-isal, isal,
+    /// jerasure, iolift-cauchy, jerasure-cauchy); by default all that load
+    /// but iolift-native (what iolift runs on an AVX2 CPU).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
