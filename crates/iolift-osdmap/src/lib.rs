@@ -1,12 +1,27 @@
-//! Ceph's OSDMap logic, on top of the CRUSH mapper of `iolift-crush`.
-//! Today the client's placement path: object name -> PG -> placement seed
-//! -> OSDs (`placement`), as `OSDMap::object_locator_to_pg` and
-//! `_pg_to_raw_osds` compute it (no upmap, pg_temp or primary affinity).
-//! CRUSH maps inputs to devices; which input a PG uses, and which PG an
-//! object falls in, is the OSDMap's business, so it lives here.
+//! Ceph's OSDMap, on top of the CRUSH mapper of `iolift-crush`: the full
+//! binary map as Ceph 16.2 writes it (`decode`, `encode`: byte-identical
+//! for an unchanged map), and placement exactly as `OSDMap` computes it:
+//! object -> PG -> raw CRUSH set -> upmaps -> up set and primary (primary
+//! affinity) -> acting set (pg_temp, primary_temp) (`mapping`), for every
+//! PG of every pool on all cores (`bulk`). `placement` keeps the client
+//! path for a bare crush map (no OSDMap).
 
+pub mod bulk;
+pub mod codec;
+pub mod crush_edit;
+mod decode;
+mod edit;
+mod encode;
 mod error;
+pub mod mapping;
+mod osdpart;
 pub mod placement;
+pub mod types;
 
+pub use decode::decode;
+pub use encode::encode;
 pub use error::{OsdMapError, Result};
+pub use mapping::{find_rule, Mapper, PgPlacement};
+pub use osdpart::OsdPart;
 pub use placement::{map_object, pg_mask, pg_to_pps, stable_mod, Placement, Pool};
+pub use types::{OsdMap, PgId};
