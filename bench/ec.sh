@@ -42,7 +42,7 @@ taskset -c "$CORE" "$IOLIFT" "${args[@]}" --threads 1 >"$work/one"
 echo "# load between: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$IOLIFT" "${args[@]}" --threads 0 >"$work/all"
 head -1 "$work/one"
-grep -h '^# peak RSS' "$work/one" "$work/all" | sed 's/^# /# one core, all cores: /' | paste -sd' ' -
+echo "# peak RSS (iolift and its peers, one process): one core $(awk '/^# peak RSS/{print $4, $5}' "$work/one"), all cores $(awk '/^# peak RSS/{print $4, $5}' "$work/all")"
 if [[ -n "${RAW:-}" ]]; then mkdir -p "$RAW" && cp "$work/one" "$RAW/one-core.tsv" && cp "$work/all" "$RAW/all-cores.tsv"; fi
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 cat "$work/one" "$work/all" | awk -F'\t' '

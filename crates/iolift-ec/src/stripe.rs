@@ -88,7 +88,7 @@ pub fn decode_object(
     let plan = if missing.is_empty() {
         None
     } else {
-        Some(codec.recovery_plan(&use_, &missing)?)
+        Some(codec.decode_plan(&use_, &missing)?)
     };
     let mut out = vec![0u8; count * k * su];
     let mut rebuilt = vec![vec![0u8; su]; missing.len()];
