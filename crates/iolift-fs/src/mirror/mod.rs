@@ -52,7 +52,7 @@ impl Default for MirrorOptions {
     fn default() -> Self {
         MirrorOptions {
             max_nodes: 1 << 18,
-            max_handles: 1 << 16,
+            max_handles: 4096,
             ttl: Duration::from_secs(1),
             passthrough: false,
             writeback: false,
@@ -77,13 +77,21 @@ impl MirrorFs {
             .map_err(|e| std::io::Error::new(e.kind(), format!("mirror:{}: {e}", dir.display())))?;
         let st = sys::fstat(root.as_fd()).map_err(|e| std::io::Error::from_raw_os_error(e.0))?;
         let proc_fd = sys::open_root(Path::new("/proc/self/fd"))?;
-        let limit = sys::raise_nofile((opts.max_nodes + opts.max_handles + 256) as u64);
-        if limit < (opts.max_nodes + opts.max_handles) as u64 {
-            tracing::warn!(
-                "mirror: open-files limit {limit} is below max_nodes + max_handles ({}); \
-                 lookups may fail with EMFILE before the budget is reached",
-                opts.max_nodes + opts.max_handles
+        let mut opts = opts;
+        let want = (opts.max_nodes + opts.max_handles + 256) as u64;
+        let limit = sys::raise_nofile(want);
+        if limit < want {
+            // Each node and handle holds an fd: keep the node budget within
+            // the open-files limit, so lookups fail with ENFILE (counted)
+            // rather than EMFILE anywhere.
+            let fit = (limit as usize)
+                .saturating_sub(opts.max_handles + 256)
+                .max(16);
+            tracing::info!(
+                "mirror: open-files limit {limit}: at most {fit} nodes (asked {})",
+                opts.max_nodes
             );
+            opts.max_nodes = opts.max_nodes.min(fit);
         }
         Ok(MirrorFs {
             dir: dir.to_path_buf(),

@@ -8,6 +8,7 @@ pub mod attach;
 pub mod crash_states;
 pub mod crush;
 pub mod ec;
+pub mod fs;
 pub mod list;
 pub mod offload;
 pub mod serve;
@@ -49,6 +50,8 @@ pub enum Cmd {
     Offload(offload::OffloadArgs),
     /// AccelFS on the io_uring engine: mkfs, fsck, ls, mkdir, rm, cp-in, cp-out.
     Accelfs(accelfs::AccelfsArgs),
+    /// File systems through the kernel's FUSE client: mount null or mirror:DIR.
+    Fs(fs::FsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -70,6 +73,7 @@ pub fn main() -> ExitCode {
         Cmd::Backends(a) => list::run_backends(a),
         Cmd::Offload(a) => offload::run(a),
         Cmd::Accelfs(a) => accelfs::run(a),
+        Cmd::Fs(a) => fs::run(a),
     };
     match r {
         Ok(code) => code,

@@ -1,0 +1,173 @@
+//! `iolift fs mount BACKEND MOUNTPOINT`: serves a file-system backend of
+//! crates/iolift-fs (`null`, `null:SIZE`, `mirror:DIR`) to the kernel's
+//! FUSE client on MOUNTPOINT until SIGINT or SIGTERM (or an unmount from
+//! outside), then unmounts. See docs/fs.md.
+
+use crate::frontend::{wait_for_signal, StopOn};
+use crate::metrics::{self, MetricSource};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use iolift_fs::kernel::{self, KernelOptions};
+use iolift_fs::mirror::MirrorOptions;
+use iolift_fs::stats::OpStats;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct FsArgs {
+    #[command(subcommand)]
+    cmd: Sub,
+}
+
+#[derive(Subcommand, Debug)]
+enum Sub {
+    /// Mount BACKEND (null, null:SIZE, mirror:DIR) on MOUNTPOINT through
+    /// the kernel's FUSE client (root); serve until SIGINT/SIGTERM.
+    Mount(MountArgs),
+}
+
+#[derive(Args, Debug)]
+struct MountArgs {
+    /// null | null:SIZE | mirror:DIR
+    backend: String,
+    /// An existing directory.
+    mountpoint: PathBuf,
+    /// Worker threads, each reading its own clone of the /dev/fuse fd (1-64).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Let the kernel cache writes and send them later (FUSE_WRITEBACK_CACHE).
+    #[arg(long)]
+    writeback_cache: bool,
+    /// mirror: hand open files to the kernel (FUSE passthrough, Linux 6.9+):
+    /// reads and writes then go to the host file without this server.
+    #[arg(long)]
+    passthrough: bool,
+    /// Do not use READDIRPLUS (listings then carry names only).
+    #[arg(long)]
+    no_readdirplus: bool,
+    /// How long the kernel may cache attributes and names, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    ttl_ms: u64,
+    /// mirror: nodes (host inodes the kernel knows) held at most; each holds
+    /// an fd, so this is also kept below the open-files limit.
+    #[arg(long, default_value_t = 1 << 18)]
+    max_nodes: usize,
+    /// mirror: open files and directories at most; each holds an fd.
+    #[arg(long, default_value_t = 4096)]
+    max_handles: usize,
+    /// Serve Prometheus metrics (per-operation counts and latency) on ADDR.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+}
+
+pub fn run(a: FsArgs) -> Result<ExitCode> {
+    match a.cmd {
+        Sub::Mount(m) => mount(m),
+    }
+}
+
+/// The mount's counters in /metrics, labelled with the mount point.
+struct FsMetrics {
+    stats: Arc<OpStats>,
+    labels: String,
+}
+
+impl MetricSource for FsMetrics {
+    fn render(&self, out: &mut String) {
+        self.stats.render(&self.labels, out)
+    }
+    fn headers(&self) -> &'static [(&'static str, &'static str, &'static str)] {
+        OpStats::HEADERS
+    }
+}
+
+fn mount(a: MountArgs) -> Result<ExitCode> {
+    if !(1..=64).contains(&a.threads) {
+        bail!("--threads {}: must be 1 to 64", a.threads);
+    }
+    if a.max_nodes == 0 || a.max_handles == 0 {
+        bail!("--max-nodes and --max-handles must be at least 1");
+    }
+    if a.passthrough && !a.backend.starts_with("mirror:") {
+        bail!("--passthrough needs the mirror backend (host files to hand to the kernel)");
+    }
+    let ttl = Duration::from_millis(a.ttl_ms);
+    let opts = iolift_fs::BackendOptions {
+        mirror: MirrorOptions {
+            max_nodes: a.max_nodes,
+            max_handles: a.max_handles,
+            ttl,
+            passthrough: a.passthrough,
+            writeback: a.writeback_cache,
+        },
+    };
+    let fs = iolift_fs::open_backend(&a.backend, &opts).map_err(anyhow::Error::msg)?;
+    let kopts = KernelOptions {
+        threads: a.threads,
+        writeback_cache: a.writeback_cache,
+        passthrough: a.passthrough,
+        readdirplus: !a.no_readdirplus,
+        ttl,
+        ..KernelOptions::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let metrics_addr = match &a.metrics {
+            Some(addr) => Some(metrics::spawn(addr).await?),
+            None => None,
+        };
+        let m = kernel::mount(fs.clone(), &a.mountpoint, &kopts)
+            .with_context(|| format!("mounting {} on {}", a.backend, a.mountpoint.display()))?;
+        let source: Arc<dyn MetricSource> = Arc::new(FsMetrics {
+            stats: m.stats.clone(),
+            labels: format!(
+                "mount=\"{}\"",
+                m.dir()
+                    .display()
+                    .to_string()
+                    .replace(['"', '\\', '\n'], "_")
+            ),
+        });
+        metrics::register(source.clone());
+        println!(
+            "iolift fs: serving {} on {} ({} threads{}{})",
+            fs.name(),
+            m.dir().display(),
+            a.threads,
+            if a.writeback_cache {
+                ", writeback cache"
+            } else {
+                ""
+            },
+            if a.passthrough { ", passthrough" } else { "" }
+        );
+        if let Some(addr) = metrics_addr {
+            println!("metrics: curl http://{addr}/metrics");
+        }
+        let stop = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if m.is_finished() {
+                    return "unmounted from outside";
+                }
+            }
+        };
+        let why = tokio::select! {
+            s = wait_for_signal(StopOn::IntTerm) => s,
+            s = stop => s,
+        };
+        tracing::info!("{why}: unmounting {}", m.dir().display());
+        let dir = m.dir().to_path_buf();
+        tokio::task::spawn_blocking(move || m.unmount(false))
+            .await
+            .context("unmount task")?
+            .with_context(|| format!("unmounting {}", dir.display()))?;
+        drop(source);
+        Ok(ExitCode::SUCCESS)
+    })
+}
