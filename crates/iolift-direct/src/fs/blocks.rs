@@ -3,7 +3,7 @@
 //! and double-indirect pointers.
 
 use super::layout::*;
-use super::Fs;
+use super::{Fs, IND_CACHE_BLOCKS};
 use crate::buf::AlignedBuf;
 use std::io;
 
@@ -36,6 +36,7 @@ impl Fs {
             self.bitmap[i] |= m;
         } else {
             self.bitmap[i] &= !m;
+            self.ind_cache.get_mut().remove(&b);
         }
         let blk = i / self.dev.bs;
         let data = &self.bitmap[blk * self.dev.bs..(blk + 1) * self.dev.bs];
@@ -45,11 +46,17 @@ impl Fs {
 
     /// Allocates a data block: marked used on disk before it is returned
     /// (rule 1).
+    /// The search starts where the last one ended (next fit) and wraps
+    /// around once.
     pub(super) fn alloc_block(&mut self) -> io::Result<u64> {
-        let b = (self.sb.data_start as u64..self.sb.blocks)
+        let (start, end) = (self.sb.data_start as u64, self.sb.blocks);
+        let from = self.alloc_next.clamp(start, end);
+        let b = (from..end)
+            .chain(start..from)
             .find(|&b| !self.is_used(b))
             .ok_or_else(|| io::Error::new(io::ErrorKind::StorageFull, "file system full"))?;
         self.put_bitmap_bit(b, true)?;
+        self.alloc_next = b + 1;
         Ok(b)
     }
 
@@ -79,9 +86,18 @@ impl Fs {
             return Ok(0);
         }
         self.check_ptr(blk)?;
-        let b = self.dev.read(blk)?;
         let at = i as usize * 8;
+        let mut cache = self.ind_cache.borrow_mut();
+        if !cache.contains_key(&blk) {
+            let b = self.dev.read(blk)?;
+            if cache.len() >= IND_CACHE_BLOCKS {
+                cache.clear();
+            }
+            cache.insert(blk, b);
+        }
+        let b = &cache[&blk];
         let v = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        drop(cache);
         if v != 0 {
             self.check_ptr(v)?;
         }
@@ -129,11 +145,22 @@ impl Fs {
             (self.alloc_block()?, AlignedBuf::new(self.dev.bs))
         } else {
             self.check_ptr(blk)?;
-            (blk, self.dev.read(blk)?)
+            let cached = self.ind_cache.get_mut().remove(&blk);
+            match cached {
+                Some(b) => (blk, b),
+                None => (blk, self.dev.read(blk)?),
+            }
         };
         let at = i as usize * 8;
         b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        let mut copy = AlignedBuf::new(self.dev.bs);
+        copy.copy_from_slice(&b);
         self.dev.write(blk, b)?;
+        let cache = self.ind_cache.get_mut();
+        if cache.len() >= IND_CACHE_BLOCKS {
+            cache.clear();
+        }
+        cache.insert(blk, copy);
         Ok(blk)
     }
 

@@ -38,6 +38,7 @@ mod file;
 pub mod fsck;
 pub mod layout;
 mod mkfs;
+mod rename;
 
 pub use mkfs::mkfs;
 
@@ -49,6 +50,10 @@ use std::io;
 
 /// Blocks the cache keeps per open file unless told otherwise.
 pub const DEFAULT_CACHE_BLOCKS: usize = 16;
+
+/// Indirect blocks the file system keeps in memory (shared by all files;
+/// write-through, so never dirty). At 8 KiB blocks: 512 KiB.
+pub const IND_CACHE_BLOCKS: usize = 64;
 
 /// How to make a file system.
 #[derive(Debug, Clone)]
@@ -179,6 +184,12 @@ pub struct Fs {
     bitmap: Vec<u8>,
     itable: Vec<u8>,
     cache_blocks: usize,
+    /// Where the next search for a free data block starts (next fit).
+    alloc_next: u64,
+    /// Indirect blocks as last read or written: physical block ->
+    /// contents, at most [`IND_CACHE_BLOCKS`]; an entry goes when its
+    /// block is freed.
+    ind_cache: std::cell::RefCell<std::collections::HashMap<u64, AlignedBuf>>,
 }
 
 impl Fs {
@@ -214,6 +225,8 @@ impl Fs {
             bitmap,
             itable,
             cache_blocks: DEFAULT_CACHE_BLOCKS,
+            alloc_next: 0,
+            ind_cache: Default::default(),
         };
         let root = fs.inode(ROOT)?;
         if root.kind != KIND_DIR {

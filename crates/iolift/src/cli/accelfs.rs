@@ -162,6 +162,9 @@ pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
                     r.orphans
                 );
             }
+            for (ino, dir) in &r.twice_named {
+                println!("twice named: inode {ino} in directory inode {dir} (an interrupted rename)");
+            }
             println!(
                 "{}: {} files, {} directories, {} blocks used, {} errors",
                 image.display(),
