@@ -79,9 +79,28 @@ pub trait FileSystem: Send + Sync + 'static {
     fn read(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, size: u32, done: Done<Bytes>) {
         done.err(Errno::ENOSYS)
     }
-    /// Completes with the number of bytes written.
-    fn write(&self, ctx: &Ctx, ino: u64, fh: u64, offset: u64, data: &[u8], done: Done<u32>) {
+    /// Completes with the number of bytes written. `kill_suidgid`: the
+    /// writer may not keep set-user/group-ID bits (the backend clears
+    /// them; see [`handles_killpriv`](Self::handles_killpriv)).
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+        done: Done<u32>,
+    ) {
         done.err(Errno::ENOSYS)
+    }
+    /// Whether the backend clears set-user/group-ID bits itself on writes
+    /// flagged `kill_suidgid` and on truncation by other users than root.
+    /// Then the kernel need not ask for `security.capability` before every
+    /// write (FUSE_HANDLE_KILLPRIV_V2), one request per write saved.
+    fn handles_killpriv(&self) -> bool {
+        false
     }
     /// Called on each close(2) of a descriptor of the open file.
     fn flush(&self, ctx: &Ctx, ino: u64, fh: u64, done: Done<()>) {

@@ -109,8 +109,11 @@ impl FileSystem for NullFs {
             .min(ZEROS.len() as u64) as usize;
         done.ok(Bytes::from_static(&ZEROS[..n]))
     }
-    fn write(&self, _: &Ctx, _: u64, _: u64, _: u64, data: &[u8], done: Done<u32>) {
+    fn write(&self, _: &Ctx, _: u64, _: u64, _: u64, data: &[u8], _: bool, done: Done<u32>) {
         done.ok(data.len() as u32)
+    }
+    fn handles_killpriv(&self) -> bool {
+        true
     }
     fn fsync(&self, _: &Ctx, _: u64, _: u64, _: bool, done: Done<()>) {
         done.ok(())

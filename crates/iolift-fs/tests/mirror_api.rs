@@ -63,7 +63,7 @@ fn hostile_requests_get_errnos_and_touch_nothing_outside() {
         Some(Errno::EBADF)
     );
     assert_eq!(
-        call(|d| m.write(&c, ROOT, 77, 0, b"x", d)).err(),
+        call(|d| m.write(&c, ROOT, 77, 0, b"x", false, d)).err(),
         Some(Errno::EBADF)
     );
     assert_eq!(

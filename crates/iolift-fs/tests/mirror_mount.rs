@@ -427,3 +427,49 @@ fn a_large_directory_lists_every_entry_once() {
     use std::os::unix::fs::DirEntryExt;
     assert_eq!(listed.ino(), ino);
 }
+
+#[test]
+fn a_write_by_another_user_clears_the_set_user_id_bit() {
+    let s = default_setup();
+    use std::os::unix::fs::PermissionsExt;
+    let p = s.mnt.join("suid");
+    fs::write(&p, b"0123456789").unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o4777)).unwrap();
+    assert_eq!(
+        fs::metadata(s.src.join("suid")).unwrap().mode() & 0o7777,
+        0o4777
+    );
+    // Written as root (CAP_FSETID): the bit stays, as on a local file system.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .write_all(b"r")
+        .unwrap();
+    assert_eq!(
+        fs::metadata(s.src.join("suid")).unwrap().mode() & 0o7777,
+        0o4777
+    );
+    // Written as nobody: the bit goes, on the host file too.
+    let st = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "printf x | dd of={} conv=notrunc status=none",
+            p.display()
+        ))
+        .status()
+        .expect("setpriv (util-linux)");
+    assert!(st.success());
+    assert_eq!(&fs::read(s.src.join("suid")).unwrap()[..2], b"x1");
+    assert_eq!(
+        fs::metadata(s.src.join("suid")).unwrap().mode() & 0o7777,
+        0o777
+    );
+    assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o777);
+}

@@ -193,9 +193,14 @@ impl Adapter {
 
 impl fuser::Filesystem for Adapter {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS;
+        // ASYNC_DIO: O_DIRECT reads and writes of one file may be in flight
+        // together (a queue depth above 1 reaches the server).
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_ASYNC_DIO;
         if self.opts.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+        }
+        if self.fs.handles_killpriv() {
+            want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         }
         if self.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
@@ -399,7 +404,7 @@ impl fuser::Filesystem for Adapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -408,7 +413,8 @@ impl fuser::Filesystem for Adapter {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         });
-        self.fs.write(&ctx(req), ino.0, fh.0, offset, data, d)
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        self.fs.write(&ctx(req), ino.0, fh.0, offset, data, kill, d)
     }
     fn flush(
         &self,

@@ -91,10 +91,14 @@ impl Mounted {
 
     fn finish(&mut self, lazy: bool) -> io::Result<()> {
         if self.mounted {
-            if umount(&self.dir, lazy).is_err() && !lazy {
-                umount(&self.dir, true)?;
-            }
             self.mounted = false;
+            match umount(&self.dir, lazy) {
+                Ok(()) => {}
+                // Not a mount point any more: unmounted from outside.
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput => {}
+                Err(_) if !lazy => umount(&self.dir, true)?,
+                Err(e) => return Err(e),
+            }
         }
         if let Some(s) = self.session.take() {
             s.join()?;

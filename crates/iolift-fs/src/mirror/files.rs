@@ -157,9 +157,13 @@ impl MirrorFs {
         Ok(Bytes::from(buf))
     }
 
-    pub(super) fn write_now(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+    pub(super) fn write_now(&self, fh: u64, offset: u64, data: &[u8], kill: bool) -> FsResult<u32> {
         let h = self.handles.get(fh)?;
-        sys::pwrite_all(h.fd.as_fd(), data, offset).map(|n| n as u32)
+        let n = sys::pwrite_all(h.fd.as_fd(), data, offset)?;
+        if kill {
+            kill_suidgid(h.fd.as_raw_fd())?;
+        }
+        Ok(n as u32)
     }
 
     pub(super) fn sync(&self, fh: u64, datasync: bool) -> FsResult<()> {
@@ -226,4 +230,22 @@ impl MirrorFs {
             Ok(n as u32)
         }
     }
+}
+
+/// Clears the set-user-ID bit, and the set-group-ID bit when group execute
+/// is set (as the kernel does on a write by an unprivileged process), of
+/// the file `fd` (ours, possibly O_PATH) refers to.
+pub(super) fn kill_suidgid(fd: std::os::fd::RawFd) -> FsResult<()> {
+    // SAFETY: fd is one of ours, borrowed for this call only.
+    let st = sys::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
+    let mut kill = st.st_mode & libc::S_ISUID;
+    if st.st_mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        kill |= libc::S_ISGID;
+    }
+    if kill == 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(());
+    }
+    let p = sys::proc_path(fd);
+    // SAFETY: NUL-terminated path of our own fd (a regular file).
+    sys::cvt(unsafe { libc::chmod(p.as_ptr(), (st.st_mode & 0o7777) & !kill) }).map(drop)
 }

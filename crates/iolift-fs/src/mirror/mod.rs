@@ -193,7 +193,7 @@ impl MirrorFs {
         self.lookup_in(&p, name)
     }
 
-    fn setattr_now(&self, ino: u64, set: SetAttr) -> FsResult<Attr> {
+    fn setattr_now(&self, ctx: &Ctx, ino: u64, set: SetAttr) -> FsResult<Attr> {
         let node = self.nodes.get(ino)?;
         let is_link = node.kind == libc::S_IFLNK;
         if let Some(mode) = set.mode {
@@ -230,6 +230,9 @@ impl MirrorFs {
                 }
             };
             sys::cvt(r)?;
+            if ctx.uid != 0 {
+                files::kill_suidgid(node.fd.as_raw_fd())?;
+            }
         }
         if set.atime.is_some() || set.mtime.is_some() {
             sys::utimens(
@@ -295,8 +298,8 @@ impl FileSystem for MirrorFs {
         done.send(r)
     }
 
-    fn setattr(&self, _: &Ctx, ino: u64, set: SetAttr, done: Done<Attr>) {
-        done.send(self.setattr_now(ino, set))
+    fn setattr(&self, ctx: &Ctx, ino: u64, set: SetAttr, done: Done<Attr>) {
+        done.send(self.setattr_now(ctx, ino, set))
     }
 
     fn readlink(&self, _: &Ctx, ino: u64, done: Done<Vec<u8>>) {
@@ -411,8 +414,11 @@ impl FileSystem for MirrorFs {
     fn read(&self, _: &Ctx, _: u64, fh: u64, offset: u64, size: u32, done: Done<Bytes>) {
         done.send(self.read_now(fh, offset, size))
     }
-    fn write(&self, _: &Ctx, _: u64, fh: u64, offset: u64, data: &[u8], done: Done<u32>) {
-        done.send(self.write_now(fh, offset, data))
+    fn write(&self, _: &Ctx, _: u64, fh: u64, off: u64, data: &[u8], kill: bool, done: Done<u32>) {
+        done.send(self.write_now(fh, off, data, kill))
+    }
+    fn handles_killpriv(&self) -> bool {
+        true
     }
     fn release(&self, _: &Ctx, _: u64, fh: u64, done: Done<()>) {
         done.send(self.handles.remove(fh))

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# File systems through the kernel's FUSE client, side by side in one run:
+#
+#  Q1  iolift's null backend: 4k random reads at QD 1..64 (IOPS), QD1
+#      latency and CPU per operation (server, and the whole machine).
+#  Q2  the same ext4 directory four ways: native ext4, bindfs (a FUSE
+#      passthrough file system), iolift mirror (served) and iolift mirror
+#      --passthrough: fio 4k randread/randwrite QD1 and QD16, 64k and 1M
+#      sequential read/write, and metadata (stat, create+unlink, readdir
+#      of 10k entries). Setups alternate within each repeat; each cell is
+#      the median of R repeats, with ratios and peak RSS of each server.
+#
+#   bench/fs.sh                        # release build, R=3, RUNTIME=5
+#   R=1 RUNTIME=1 PROFILE=debug bench/fs.sh   # quick check of the script
+#   ONLY=q1 / ONLY=q2                  # one half
+#
+# Needs root (FUSE mounts), fio, bindfs, python3. Data lives under WORK
+# (default /var/tmp/iolift-fs-bench, on the root ext4), removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+R=${R:-3}
+RUNTIME=${RUNTIME:-5}
+SIZE=${SIZE:-256M}
+THREADS=${THREADS:-4}
+PROFILE=${PROFILE:-release}
+ONLY=${ONLY:-all}
+WORK=${WORK:-/var/tmp/iolift-fs-bench}
+NFILES=${NFILES:-10000}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+
+[[ $(id -u) == 0 ]] || { echo "bench/fs.sh needs root (FUSE mounts)" >&2; exit 1; }
+for t in fio bindfs python3; do
+    command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
+done
+
+if [[ $PROFILE == release ]]; then
+    nice -n 5 cargo build --release -q -p iolift --bin iolift
+else
+    nice -n 5 cargo build -q -p iolift --bin iolift
+fi
+BIN=$CARGO_TARGET_DIR/$([[ $PROFILE == release ]] && echo release || echo debug)/iolift
+
+SRC=$WORK/src
+MNT=$WORK/mnt
+RES=$WORK/results
+SERVER_PID=
+cleanup() {
+    if mountpoint -q "$MNT" 2>/dev/null; then umount -l "$MNT" || true; fi
+    [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+rm -rf "$WORK"
+mkdir -p "$SRC" "$MNT" "$RES"
+
+cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+hwm_kib() { awk '/VmHWM/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+# mount_setup NAME: makes $MNT show $SRC (or null) the NAME way; sets
+# DIR (where the job runs) and SERVER_PID (empty for native ext4).
+mount_setup() {
+    SERVER_PID=
+    case $1 in
+        ext4) DIR=$SRC; return ;;
+        bindfs)
+            bindfs -f --multithreaded "$SRC" "$MNT" 2>"$RES/bindfs.log" &
+            SERVER_PID=$! ;;
+        iolift)
+            "$BIN" fs mount "mirror:$SRC" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" &
+            SERVER_PID=$! ;;
+        iolift-pt)
+            "$BIN" fs mount "mirror:$SRC" "$MNT" --threads "$THREADS" --passthrough >"$RES/iolift.out" 2>"$RES/iolift.log" &
+            SERVER_PID=$! ;;
+        null)
+            "$BIN" fs mount "null:1G" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" &
+            SERVER_PID=$! ;;
+    esac
+    DIR=$MNT
+    for _ in $(seq 200); do
+        mountpoint -q "$MNT" && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$RES"/*.log >&2; exit 1; }
+        sleep 0.05
+    done
+    echo "$1 did not mount" >&2; exit 1
+}
+
+unmount_setup() {
+    [[ -z $SERVER_PID ]] && return
+    HWM=$(hwm_kib "$SERVER_PID")
+    umount "$MNT" 2>/dev/null || umount -l "$MNT"
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=
+}
+
+# run_cell SETUP CELL REPEAT CMD...: one measurement -> one JSON line in $RES/rows.
+run_cell() {
+    local setup=$1 cell=$2 rep=$3; shift 3
+    mount_setup "$setup"
+    local t0 b0 s0=0 t1 b1 s1=0
+    b0=$(busy_ticks); t0=$(date +%s.%N)
+    [[ -n $SERVER_PID ]] && s0=$(cpu_ticks "$SERVER_PID")
+    "$@" >"$RES/out.json"
+    [[ -n $SERVER_PID ]] && s1=$(cpu_ticks "$SERVER_PID")
+    b1=$(busy_ticks); t1=$(date +%s.%N)
+    HWM=0
+    unmount_setup
+    python3 - "$setup" "$cell" "$rep" "$((s1 - s0))" "$((b1 - b0))" "$HWM" "$RES/out.json" >>"$RES/rows" <<'EOF'
+import json, sys
+setup, cell, rep, sticks, bticks, hwm, path = sys.argv[1:]
+hz = 100
+raw = open(path).read()
+d = json.loads(raw[raw.index("{"):])
+if "jobs" in d:  # fio
+    j = d["jobs"][0]
+    rw = j["read"] if j["read"]["io_bytes"] else j["write"]
+    ops = rw["total_ios"]
+    val = {"iops": rw["iops"], "mbs": rw["bw_bytes"] / 1e6,
+           "lat_us": rw["clat_ns"]["mean"] / 1000,
+           "p50_us": rw["clat_ns"].get("percentile", {}).get("50.000000", 0) / 1000}
+else:            # metadata script
+    ops, val = d["ops"], {"ops_s": d["ops_s"]}
+val.update(setup=setup, cell=cell, rep=int(rep), ops=ops,
+           server_us_op=int(sticks) * 1e6 / hz / max(ops, 1),
+           total_us_op=int(bticks) * 1e6 / hz / max(ops, 1), rss_mib=int(hwm) / 1024)
+print(json.dumps(val))
+EOF
+}
+
+fio_job() { # fio_job NAME RW BS QD [extra...]
+    local name=$1 rw=$2 bs=$3 qd=$4; shift 4
+    fio --name="$name" --directory="$DIR" --filename=bench.dat --size="$SIZE" \
+        --rw="$rw" --bs="$bs" --iodepth="$qd" --ioengine=libaio --direct=1 \
+        --time_based --runtime="$RUNTIME" --ramp_time=1 --norandommap --randrepeat=0 \
+        --output-format=json "$@"
+}
+
+# Metadata: a python loop of system calls (its own cost, a few us per call,
+# is the same for every setup).
+meta_job() { # meta_job stat|create|readdir
+    python3 - "$DIR" "$1" "$NFILES" "$RUNTIME" <<'EOF'
+import json, os, sys, time
+d, what, n, runtime = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+ops, t0 = 0, time.perf_counter()
+if what == "stat":
+    names = [os.path.join(d, "meta", f"f{i}") for i in range(n)]
+    while time.perf_counter() - t0 < runtime:
+        for p in names:
+            os.lstat(p)
+        ops += n
+elif what == "create":
+    p = os.path.join(d, "cu")
+    while time.perf_counter() - t0 < runtime:
+        for i in range(1000):
+            fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+            os.close(fd)
+            os.unlink(p)
+        ops += 1000
+elif what == "readdir":
+    m = os.path.join(d, "meta")
+    while time.perf_counter() - t0 < runtime:
+        k = sum(1 for _ in os.scandir(m))
+        assert k == n, k
+        ops += 1
+el = time.perf_counter() - t0
+print(json.dumps({"ops": ops, "ops_s": ops / el}))
+EOF
+}
+
+# The data file and the 10k-entry directory, made once on the host.
+fio --name=prep --directory="$SRC" --filename=bench.dat --size="$SIZE" --rw=write --bs=1M \
+    --ioengine=psync --output=/dev/null
+mkdir -p "$SRC/meta"
+python3 -c "
+import os, sys
+for i in range($NFILES): open(os.path.join('$SRC/meta', f'f{i}'), 'w').close()"
+
+echo "bench/fs.sh: $(date -u '+%F %T') UTC, R=$R RUNTIME=${RUNTIME}s SIZE=$SIZE threads=$THREADS $PROFILE; $(uptime)"
+
+if [[ $ONLY == all || $ONLY == q1 ]]; then
+    for rep in $(seq "$R"); do
+        for qd in 1 2 4 8 16 32 64; do
+            run_cell null "randread-4k-qd$qd" "$rep" fio_job r randread 4k "$qd" --size=1G --filename=f
+        done
+    done
+fi
+if [[ $ONLY == all || $ONLY == q2 ]]; then
+    SETUPS=(ext4 bindfs iolift iolift-pt)
+    for rep in $(seq "$R"); do
+        for s in "${SETUPS[@]}"; do
+            run_cell "$s" randread-4k-qd1 "$rep" fio_job r randread 4k 1
+            run_cell "$s" randwrite-4k-qd1 "$rep" fio_job w randwrite 4k 1
+            run_cell "$s" randread-4k-qd16 "$rep" fio_job r randread 4k 16
+            run_cell "$s" randwrite-4k-qd16 "$rep" fio_job w randwrite 4k 16
+            run_cell "$s" read-64k-qd4 "$rep" fio_job r read 64k 4
+            run_cell "$s" write-64k-qd4 "$rep" fio_job w write 64k 4
+            run_cell "$s" read-1m-qd4 "$rep" fio_job r read 1M 4
+            run_cell "$s" write-1m-qd4 "$rep" fio_job w write 1M 4
+            run_cell "$s" stat-10k "$rep" meta_job stat
+            run_cell "$s" create-unlink "$rep" meta_job create
+            run_cell "$s" readdir-10k "$rep" meta_job readdir
+        done
+    done
+fi
+
+python3 - "$RES/rows" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def med(xs): return statistics.median(xs) if xs else 0
+cells, setups = [], []
+for r in rows:
+    if r["cell"] not in cells: cells.append(r["cell"])
+    if r["setup"] not in setups: setups.append(r["setup"])
+def key(r): return "ops_s" if "ops_s" in r else ("iops" if r["cell"].split("-")[1] == "4k" or "qd" not in r["cell"] else "mbs")
+def metric(cell):
+    rs = [r for r in rows if r["cell"] == cell]
+    return key(rs[0])
+print()
+if "null" in setups:
+    print("Q1 null backend (kernel FUSE):  cell | IOPS | mean clat us | server CPU us/op | total CPU us/op | peak RSS MiB")
+    for c in cells:
+        rs = [r for r in rows if r["cell"] == c and r["setup"] == "null"]
+        if not rs: continue
+        print(f"  {c:20} {med([r['iops'] for r in rs]):10.0f} {med([r['lat_us'] for r in rs]):8.1f} "
+              f"{med([r['server_us_op'] for r in rs]):8.1f} {med([r['total_us_op'] for r in rs]):8.1f} "
+              f"{max(r['rss_mib'] for r in rs):6.1f}")
+q2 = [s for s in setups if s != "null"]
+if q2:
+    print("\nQ2 medians (IOPS for 4k, MB/s for 64k/1M, ops/s for metadata); server CPU us/op in ()")
+    print("  " + f"{'cell':20}" + "".join(f"{s:>20}" for s in q2) + "   iolift/bindfs  pt/bindfs  iolift/ext4  pt/ext4")
+    for c in cells:
+        rs = [r for r in rows if r["cell"] == c and r["setup"] in q2]
+        if not rs: continue
+        k = "ops_s" if "ops_s" in rs[0] else ("iops" if "-4k-" in c else "mbs")
+        v = {s: med([r[k] for r in rs if r["setup"] == s]) for s in q2}
+        cpu = {s: med([r["server_us_op"] for r in rs if r["setup"] == s]) for s in q2}
+        line = f"  {c:20}" + "".join(f"{v[s]:12.0f} ({cpu[s]:5.1f})" for s in q2)
+        ratio = lambda a, b: f"{v[a] / v[b]:13.2f}" if v.get(b) and a in v else f"{'-':>13}"
+        line += ratio("iolift", "bindfs") + ratio("iolift-pt", "bindfs") + ratio("iolift", "ext4") + ratio("iolift-pt", "ext4")
+        print(line)
+    print("  peak RSS MiB: " + ", ".join(
+        f"{s} {max([r['rss_mib'] for r in rows if r['setup'] == s] or [0]):.1f}" for s in q2 if s != "ext4"))
+EOF
+echo "load after: $(uptime)"
