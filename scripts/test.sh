@@ -39,6 +39,10 @@ PACKAGES=(
     g++             # iolift-offload: crates/iolift-offload/kernels/crush.cu built for the host (tests/host_kernel.rs)
     libisal2        # iolift-ec: ISA-L loaded at run time (ec_encode_data); the codec tests compare it with iolift's own kernels
     libjerasure2    # bench/ec.sh: jerasure, the second peer of `iolift ec bench`
+    rsync           # tests/fs_workloads: rsync -c against the source through `iolift fs mount`
+    sqlite3         # tests/fs_workloads: a database on the mount, PRAGMA integrity_check
+    git             # tests/fs_workloads: clone, checkout, status on the mount
+    bindfs          # bench/fs.sh: the FUSE passthrough file system iolift's mirror is measured against
 )
 # ---------------------------------------------------------------------------
 
