@@ -40,7 +40,9 @@ unsafe fn mul(t: &Tab, (lo, hi): (__m256i, __m256i)) -> __m256i {
 
 /// outs[r][..len] for N rows; `len` is a multiple of 32. `tabs[j * N + r]`
 /// is row r's coefficient for source j. With `XOR`, row 0's coefficients
-/// are all 1 and its tables are not read.
+/// are all 1 and its tables are not read. With `col0`, source 0's
+/// coefficients are all 1 (every row of jerasure's and ISA-L's Vandermonde
+/// parity starts with 1): the accumulators start as source 0.
 ///
 /// # Safety
 /// The CPU must have AVX2.
@@ -50,8 +52,10 @@ pub unsafe fn dot<const N: usize, const XOR: bool>(
     srcs: &[&[u8]],
     outs: &mut [&mut [u8]],
     len: usize,
+    col0: bool,
 ) {
     assert_eq!(len % 32, 0);
+    assert!(!srcs.is_empty());
     assert_eq!(tabs.len(), N * srcs.len());
     assert_eq!(outs.len(), N);
     assert!(srcs.iter().all(|s| s.len() >= len));
@@ -62,11 +66,18 @@ pub unsafe fn dot<const N: usize, const XOR: bool>(
         *p = o.as_mut_ptr();
     }
     let first = usize::from(XOR);
+    let from = usize::from(col0);
     let mut pos = 0;
     while pos + 64 <= len {
         let mut a0 = [_mm256_setzero_si256(); N];
         let mut a1 = [_mm256_setzero_si256(); N];
-        for (j, s) in srcs.iter().enumerate() {
+        if col0 {
+            let p = srcs[0].as_ptr().add(pos);
+            a0 = [_mm256_loadu_si256(p as *const __m256i); N];
+            a1 = [_mm256_loadu_si256(p.add(32) as *const __m256i); N];
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+        }
+        for (j, s) in srcs.iter().enumerate().skip(from) {
             let p = s.as_ptr().add(pos);
             let v0 = _mm256_loadu_si256(p as *const __m256i);
             let v1 = _mm256_loadu_si256(p.add(32) as *const __m256i);
@@ -91,7 +102,10 @@ pub unsafe fn dot<const N: usize, const XOR: bool>(
     }
     if pos < len {
         let mut a = [_mm256_setzero_si256(); N];
-        for (j, s) in srcs.iter().enumerate() {
+        if col0 {
+            a = [_mm256_loadu_si256(srcs[0].as_ptr().add(pos) as *const __m256i); N];
+        }
+        for (j, s) in srcs.iter().enumerate().skip(from) {
             let v = _mm256_loadu_si256(s.as_ptr().add(pos) as *const __m256i);
             if XOR {
                 a[0] = _mm256_xor_si256(a[0], v);

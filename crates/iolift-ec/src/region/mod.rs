@@ -6,7 +6,8 @@
 //! nibble). Each source vector is loaded once and added into up to four
 //! outputs held in registers, so a pass reads the data once for four
 //! parity chunks. A first row of ones (jerasure's and ISA-L's first
-//! parity row) is a plain XOR.
+//! parity row) is a plain XOR, and a first column of ones (their parity
+//! rows all start with 1) is a copy of source 0 into the accumulators.
 
 use crate::gf;
 use crate::matrix::Matrix;
@@ -48,6 +49,8 @@ pub struct NativePlan {
     tabs: Vec<Tab>,
     /// Per group: its first row is all ones (XOR of the sources).
     xor_first: Vec<bool>,
+    /// Per group: source 0's coefficients are all ones.
+    ones_col0: Vec<bool>,
     avx2: bool,
 }
 
@@ -68,6 +71,7 @@ impl NativePlan {
         let avx2 = simd && avx2_available();
         let mut tabs = Vec::new();
         let mut xor_first = Vec::new();
+        let mut ones_col0 = Vec::new();
         if avx2 {
             tabs.reserve(m.rows * m.cols);
             for g in (0..m.rows).step_by(GROUP) {
@@ -78,6 +82,7 @@ impl NativePlan {
                     }
                 }
                 xor_first.push(m.row(g).iter().all(|&c| c == 1));
+                ones_col0.push(m.cols > 0 && (g..end).all(|r| m.get(r, 0) == 1));
             }
         }
         NativePlan {
@@ -86,6 +91,7 @@ impl NativePlan {
             coeffs: m.data.clone(),
             tabs,
             xor_first,
+            ones_col0,
             avx2,
         }
     }
@@ -102,25 +108,26 @@ impl NativePlan {
         assert!(outs.iter().all(|s| s.len() == len));
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
+        if self.avx2 && self.cols > 0 {
             done = len / 32 * 32;
             let mut base = 0;
             for (g, group) in outs.chunks_mut(GROUP).enumerate() {
                 let n = group.len();
                 let end = base + n * self.cols;
                 let t = &self.tabs[base..end];
+                let c0 = self.ones_col0[g];
                 base = end;
                 // SAFETY: AVX2 was detected; dot checks the lengths.
                 unsafe {
                     match (n, self.xor_first[g]) {
-                        (1, false) => avx2::dot::<1, false>(t, srcs, group, done),
-                        (2, false) => avx2::dot::<2, false>(t, srcs, group, done),
-                        (3, false) => avx2::dot::<3, false>(t, srcs, group, done),
-                        (_, false) => avx2::dot::<4, false>(t, srcs, group, done),
-                        (1, true) => avx2::dot::<1, true>(t, srcs, group, done),
-                        (2, true) => avx2::dot::<2, true>(t, srcs, group, done),
-                        (3, true) => avx2::dot::<3, true>(t, srcs, group, done),
-                        (_, true) => avx2::dot::<4, true>(t, srcs, group, done),
+                        (1, false) => avx2::dot::<1, false>(t, srcs, group, done, c0),
+                        (2, false) => avx2::dot::<2, false>(t, srcs, group, done, c0),
+                        (3, false) => avx2::dot::<3, false>(t, srcs, group, done, c0),
+                        (_, false) => avx2::dot::<4, false>(t, srcs, group, done, c0),
+                        (1, true) => avx2::dot::<1, true>(t, srcs, group, done, c0),
+                        (2, true) => avx2::dot::<2, true>(t, srcs, group, done, c0),
+                        (3, true) => avx2::dot::<3, true>(t, srcs, group, done, c0),
+                        (_, true) => avx2::dot::<4, true>(t, srcs, group, done, c0),
                     }
                 }
             }
@@ -244,21 +251,25 @@ mod tests {
     #[test]
     fn native_matches_definition() {
         // Lengths: whole 64-byte steps, an odd 32-byte vector at the end,
-        // and a tail under 32 bytes for the portable loop. In every second
-        // matrix the first row of each group of four is all ones (the
-        // kernel's XOR row) and the other coefficients are mostly 0 and 1.
+        // and a tail under 32 bytes for the portable loop. Some matrices
+        // are mostly 0 and 1, with all-ones rows at the head of each group
+        // of four (the kernel's XOR row) and/or an all-ones first column
+        // (its accumulators starting as source 0).
+        // (rows, cols, len, mostly 0/1, ones rows, ones column)
         let shapes = [
-            (1, 2, 31),
-            (4, 8, 4096 + 17),
-            (6, 5, 100),
-            (3, 12, 64),
-            (2, 4, 96),
-            (8, 10, 4096 + 32 + 5),
-            (4, 6, 1024),
+            (1, 2, 31, false, false, false),
+            (4, 8, 4096 + 17, true, true, true),
+            (6, 5, 100, false, false, false),
+            (3, 12, 64, true, true, false),
+            (2, 4, 96, false, false, true),
+            (8, 10, 4096 + 32 + 5, true, false, true),
+            (4, 6, 1024, false, true, false),
+            (4, 12, 4096 + 32, false, true, true),
+            (7, 9, 160, false, true, true),
         ];
-        for (n, (rows, cols, len)) in shapes.into_iter().enumerate() {
+        for (n, (rows, cols, len, sparse, ones_rows, ones_col)) in shapes.into_iter().enumerate() {
             let mut data = pseudo(rows * cols, 7 + n as u64);
-            if n % 2 == 1 {
+            if sparse {
                 for c in data.iter_mut() {
                     *c = match *c % 4 {
                         0 => 0,
@@ -266,8 +277,15 @@ mod tests {
                         _ => *c,
                     };
                 }
+            }
+            if ones_rows {
                 for r in (0..rows).step_by(4) {
                     data[r * cols..(r + 1) * cols].fill(1);
+                }
+            }
+            if ones_col {
+                for r in 0..rows {
+                    data[r * cols] = 1;
                 }
             }
             let m = Matrix { rows, cols, data };
