@@ -3,15 +3,16 @@
 //! request's fuser reply is wrapped in a [`Done`] that converts the result,
 //! counts it in [`OpStats`] and sends it, on whichever thread completes it.
 
+use super::convert::{attr, ctx, dummy_attr, errno, kind, time};
 use super::KernelOptions;
 use crate::fs::FileSystem;
-use crate::model::{self, Attr, Ctx, Done, Entry, Opened, SetAttr, TimeSet, Xattr};
+use crate::model::{self, Attr, Done, Entry, Opened, SetAttr, Xattr};
 use crate::stats::{op, OpStats};
 use fuser::{
-    AccessFlags, BackingId, CopyFileRangeFlags, FileAttr, FileHandle, FileType, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -43,57 +44,6 @@ impl Adapter {
             backing: Arc::default(),
         }
     }
-}
-
-fn ctx(r: &Request) -> Ctx {
-    Ctx {
-        uid: r.uid(),
-        gid: r.gid(),
-        pid: r.pid(),
-    }
-}
-
-fn errno(e: model::Errno) -> fuser::Errno {
-    fuser::Errno::from_i32(e.0)
-}
-
-fn kind(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: a.atime,
-        mtime: a.mtime,
-        ctime: a.ctime,
-        crtime: a.ctime,
-        kind: kind(a.mode),
-        perm: (a.mode & 0o7777) as u16,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev,
-        blksize: a.blksize,
-        flags: 0,
-    }
-}
-
-fn time(t: Option<TimeOrNow>) -> Option<TimeSet> {
-    t.map(|t| match t {
-        TimeOrNow::Now => TimeSet::Now,
-        TimeOrNow::SpecificTime(s) => TimeSet::At(s),
-    })
 }
 
 impl Adapter {
@@ -717,22 +667,5 @@ impl Adapter {
             opts: self.opts.clone(),
             backing: self.backing.clone(),
         }
-    }
-}
-
-fn dummy_attr(ino: u64) -> Attr {
-    Attr {
-        ino,
-        size: 0,
-        blocks: 0,
-        atime: SystemTime::UNIX_EPOCH,
-        mtime: SystemTime::UNIX_EPOCH,
-        ctime: SystemTime::UNIX_EPOCH,
-        mode: 0,
-        nlink: 1,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 4096,
     }
 }

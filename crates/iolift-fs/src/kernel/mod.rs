@@ -4,6 +4,7 @@
 //! request queue per thread) and completing requests through [`adapter`].
 
 mod adapter;
+mod convert;
 
 use crate::fs::FileSystem;
 use crate::stats::OpStats;
