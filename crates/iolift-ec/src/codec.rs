@@ -382,3 +382,11 @@ fn plan(profile: &Profile, engine: Engine, rows: &Matrix) -> Plan {
         Engine::Scalar => Plan::Native(NativePlan::new(rows, false)),
     }
 }
+
+// Codecs are shared between threads (a block device's workers): the plan
+// cache must keep them Send and Sync. Checked when the crate compiles.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Codec>();
+    shared::<Plan>();
+};
