@@ -12,10 +12,12 @@ use crate::block::DevRef;
 pub use crate::spec::{Kind, OptHelp, Opts};
 use anyhow::{bail, Context, Result};
 
+pub mod ec;
 pub mod file;
 pub mod file_uring;
 pub mod memory;
 pub mod null;
+pub mod qcow2;
 pub mod rbd;
 
 /// A parsed backend spec.
@@ -110,6 +112,22 @@ pub const BACKENDS: &[BackendKind] = &[
         options: rbd::OPTIONS,
         check: |s| rbd::RbdSpec::parse(s).map(drop),
         open: rbd::open,
+    },
+    BackendKind {
+        name: "qcow2",
+        arg: "PATH",
+        summary: "a qcow2 image (v3, or v2) read and written through per-worker mapping caches",
+        options: qcow2::OPTIONS,
+        check: |s| qcow2::parse(s).map(drop),
+        open: qcow2::open,
+    },
+    BackendKind {
+        name: "ec",
+        arg: "CHILD;CHILD...",
+        summary: "erasure-coded over k+m child devices (survives the loss of m), see docs/ec-device.md",
+        options: ec::OPTIONS,
+        check: |s| ec::parse(s).map(drop),
+        open: ec::open,
     },
 ];
 

@@ -1,0 +1,388 @@
+//! `ec:CHILDREN,k=4,m=2,chunk=64K`: an erasure-coded device over k+m child
+//! devices. The data survives the loss of any m children; reads of a lost,
+//! failing or corrupt chunk are decoded from the others, corrupt chunks
+//! are repaired in place, replaced children are rebuilt (online, or with
+//! `iolift ec rebuild`).
+//!
+//! Files, one job each: `children.rs` (the children list), `layout.rs`
+//! (what each child holds, superblock and journal records), `open.rs`
+//! (format or assemble, load, replay), `io.rs` (child I/O, failures),
+//! `read.rs` (reads, decoding, repair), `write.rs` (the journalled stripe
+//! update), `journal.rs` (replay after a crash), `rebuild.rs` (rebuild and
+//! check), `gpu.rs` (encoding on the offload engine), `metrics.rs`.
+//! See docs/ec-device.md for the layout, the crash rule and the budgets.
+
+use super::{BackendSpec, Kind, OptHelp};
+use crate::block::{ready, BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
+use anyhow::{bail, Context, Result};
+use iolift_ec::{Codec, Profile};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+pub mod children;
+mod gpu;
+mod io;
+mod join;
+mod journal;
+pub mod layout;
+mod metrics;
+mod open;
+mod read;
+pub mod rebuild;
+mod write;
+
+use children::ChildSpec;
+use layout::{Geometry, BLOCK, MAX_CHUNK};
+
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "k",
+        kind: Kind::Count,
+        default: "4",
+        help: "data chunks per stripe",
+    },
+    OptHelp {
+        name: "m",
+        kind: Kind::Count,
+        default: "2",
+        help: "parity chunks per stripe (children that may be lost)",
+    },
+    OptHelp {
+        name: "chunk",
+        kind: Kind::Size,
+        default: "64K",
+        help: "bytes of one chunk (a multiple of 4K, at most 2M)",
+    },
+    OptHelp {
+        name: "plugin",
+        kind: Kind::Choice(&["isa", "jerasure"]),
+        default: "isa",
+        help: "the code's family, as Ceph's erasure-code plugins",
+    },
+    OptHelp {
+        name: "technique",
+        kind: Kind::Text("TECHNIQUE"),
+        default: "reed_sol_van",
+        help: "reed_sol_van, cauchy (isa); reed_sol_van, reed_sol_r6_op, cauchy_orig, cauchy_good (jerasure)",
+    },
+    OptHelp {
+        name: "packetsize",
+        kind: Kind::Count,
+        default: "2048",
+        help: "packet size of jerasure's cauchy techniques",
+    },
+    OptHelp {
+        name: "size",
+        kind: Kind::Size,
+        default: "all",
+        help: "logical size (default: as much as the smallest child holds)",
+    },
+    OptHelp {
+        name: "slots",
+        kind: Kind::Count,
+        default: "64",
+        help: "journal slots = stripes updated at once (memory: slots x (k+m) x chunk)",
+    },
+    OptHelp {
+        name: "device",
+        kind: Kind::Choice(&["cpu", "gpu"]),
+        default: "cpu",
+        help: "where full-stripe parity is computed (gpu: batched on the offload engine)",
+    },
+    OptHelp {
+        name: "barrier",
+        kind: Kind::Flag,
+        default: "off",
+        help: "flush the journal before writing in place (power-loss safety, slower)",
+    },
+    OptHelp {
+        name: "rebuild",
+        kind: Kind::Choice(&["auto", "off"]),
+        default: "auto",
+        help: "rebuild replaced children in the background while serving",
+    },
+    OptHelp {
+        name: "crc_mem",
+        kind: Kind::Size,
+        default: "256M",
+        help: "most memory the crc table may take (4 bytes per 4K of every child)",
+    },
+    OptHelp {
+        name: "name",
+        kind: Kind::Label,
+        default: "number",
+        help: "instance label in /metrics",
+    },
+];
+
+/// The checked options of one `ec` device.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub children: Vec<ChildSpec>,
+    pub geo: Geometry,
+    pub profile: Profile,
+    /// The profile as text, stored in the superblocks.
+    pub profile_text: String,
+    pub size: Option<u64>,
+    pub gpu: bool,
+    pub barrier: bool,
+    pub auto_rebuild: bool,
+    pub crc_mem: u64,
+    pub name: Option<String>,
+    /// Column ranges are multiples of this (4K, or the codec's block).
+    pub unit: u64,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Reads and checks the options and the children list, opening nothing.
+pub fn parse(s: &BackendSpec) -> Result<Config> {
+    let o = &s.opts;
+    let children = children::parse(&s.arg).context("backend ec: CHILDREN")?;
+    let k = o.u64("k", 4)?;
+    let m = o.u64("m", 2)?;
+    if k < 2 {
+        return Err(o.err("k", format_args!("{k}: at least 2")));
+    }
+    if m < 1 {
+        return Err(o.err("m", format_args!("{m}: at least 1")));
+    }
+    if k + m > 64 {
+        bail!("backend ec: k+m = {} children, at most 64", k + m);
+    }
+    if children.len() as u64 != k + m {
+        bail!(
+            "backend ec: CHILDREN lists {} children, k+m = {} are needed",
+            children.len(),
+            k + m
+        );
+    }
+    for (i, c) in children.iter().enumerate() {
+        c.check()
+            .with_context(|| format!("backend ec: child {i} ({})", c.show()))?;
+    }
+    let plugin = o.choice("plugin", &["isa", "jerasure"], "isa")?;
+    let technique = o.get("technique").unwrap_or("reed_sol_van");
+    let mut text = format!("plugin={plugin} technique={technique} k={k} m={m}");
+    if technique.starts_with("cauchy_") {
+        text.push_str(&format!(" packetsize={}", o.u64("packetsize", 2048)?));
+    }
+    let profile = Profile::parse(&text).map_err(|e| anyhow::anyhow!("backend ec: {e}"))?;
+    let chunk = o.size("chunk", 64 << 10)?;
+    let mut unit = BLOCK;
+    if profile.technique.is_bitmatrix() {
+        let b = 8 * profile.packetsize as u64;
+        unit = unit / gcd(unit, b) * b;
+    }
+    if chunk == 0 || chunk % unit != 0 || chunk > MAX_CHUNK {
+        return Err(o.err(
+            "chunk",
+            format_args!("{chunk}: a multiple of {unit} up to {MAX_CHUNK} is needed"),
+        ));
+    }
+    profile
+        .check_stripe_unit(chunk as usize)
+        .map_err(|e| o.err("chunk", e))?;
+    let slots = o.u64("slots", 64)?;
+    if !(1..=4096).contains(&slots) {
+        return Err(o.err("slots", format_args!("{slots}: 1 to 4096")));
+    }
+    let size = match o.get("size") {
+        None => None,
+        Some(_) => match o.size("size", 0)? {
+            0 => return Err(o.err("size", "0: a device needs at least one byte")),
+            n => Some(n),
+        },
+    };
+    Ok(Config {
+        children,
+        geo: Geometry {
+            k: k as usize,
+            m: m as usize,
+            chunk,
+            slots,
+            stripes: 0,
+        },
+        profile,
+        profile_text: text,
+        size,
+        gpu: o.choice("device", &["cpu", "gpu"], "cpu")? == "gpu",
+        barrier: o.flag("barrier")?,
+        auto_rebuild: o.choice("rebuild", &["auto", "off"], "auto")? == "auto",
+        crc_mem: o.size("crc_mem", 256 << 20)?,
+        name: o.label("name")?,
+        unit,
+    })
+}
+
+pub fn open(s: &BackendSpec) -> Result<DevRef> {
+    let cfg = parse(s)?;
+    let auto = cfg.auto_rebuild;
+    let inner = open::start(cfg)?;
+    Ok(Arc::new(EcDev {
+        inner,
+        rebuild_started: AtomicBool::new(!auto),
+    }))
+}
+
+/// A child's state.
+pub const HEALTHY: u8 = 0;
+/// Lost, failing or replaced: not read, not written, needs a rebuild.
+pub const FAILED: u8 = 1;
+/// Being rebuilt: written by new writes, not read yet.
+pub const REBUILDING: u8 = 2;
+
+/// One child device.
+pub struct Child {
+    /// `None` when it could not be opened.
+    pub dev: Option<DevRef>,
+    pub state: AtomicU8,
+    /// The spec, for messages.
+    pub label: String,
+}
+
+/// The shared state of one `ec` device.
+pub struct Inner {
+    pub geo: Geometry,
+    pub size: u64,
+    pub unit: u64,
+    pub codec: Arc<Codec>,
+    pub children: Vec<Child>,
+    /// Stored crcs per child: `stripes x blocks_per_chunk`.
+    pub crcs: Vec<Vec<AtomicU32>>,
+    /// Stripe s is guarded by lock `s % slots` (readers shared, writers
+    /// exclusive); writer j also owns journal slot j.
+    pub locks: Vec<tokio::sync::RwLock<()>>,
+    pub seq: AtomicU64,
+    /// The superblock as last written (epoch, failed set), its writer lock.
+    pub sb: tokio::sync::Mutex<layout::Super>,
+    pub metrics: Arc<metrics::EcMetrics>,
+    pub gpu: Option<gpu::Gpu>,
+    pub barrier: bool,
+    pub stop: AtomicBool,
+}
+
+impl Inner {
+    pub fn n(&self) -> usize {
+        self.geo.n()
+    }
+    pub fn state(&self, c: usize) -> u8 {
+        self.children[c].state.load(Ordering::Acquire)
+    }
+    /// Children that can be read.
+    pub fn readable(&self, c: usize) -> bool {
+        self.children[c].dev.is_some() && self.state(c) == HEALTHY
+    }
+    /// Children that take writes (healthy or being rebuilt).
+    pub fn writable(&self, c: usize) -> bool {
+        self.children[c].dev.is_some() && self.state(c) != FAILED
+    }
+    /// Children that are failed or being rebuilt.
+    pub fn degraded(&self) -> usize {
+        (0..self.n()).filter(|&c| !self.readable(c)).count()
+    }
+    pub fn crc(&self, c: usize, s: u64, blk: u64) -> u32 {
+        self.crcs[c][(s * self.geo.blocks_per_chunk() + blk) as usize].load(Ordering::Relaxed)
+    }
+    pub fn set_crcs(&self, c: usize, s: u64, lo: u64, crcs: &[u32]) {
+        let base = (s * self.geo.blocks_per_chunk() + lo / BLOCK) as usize;
+        for (i, v) in crcs.iter().enumerate() {
+            self.crcs[c][base + i].store(*v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The device: [`Inner`] plus the start of the online rebuild.
+pub struct EcDev {
+    pub inner: Arc<Inner>,
+    rebuild_started: AtomicBool,
+}
+
+impl EcDev {
+    /// Starts the background rebuild once, from inside the runtime.
+    fn kick_rebuild(&self) {
+        if self.rebuild_started.load(Ordering::Relaxed)
+            || self.rebuild_started.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let targets = rebuild::targets(&self.inner);
+        if targets.is_empty() {
+            return;
+        }
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            match rebuild::rebuild(&inner, &targets, &|_| {}).await {
+                Ok(r) => tracing::info!("ec: online rebuild done: {r}"),
+                Err(e) => tracing::warn!("ec: online rebuild stopped: {e:#}"),
+            }
+        });
+    }
+}
+
+impl BlockDev for EcDev {
+    fn info(&self) -> DevInfo {
+        DevInfo {
+            can_trim: false,
+            can_fast_zero: false,
+            can_cache: false,
+            ..DevInfo::full(self.inner.size)
+        }
+    }
+
+    fn submit(&self, req: Request) -> IoFuture {
+        if let Err(e) = req.check_range(self.inner.size) {
+            return ready(Err(e));
+        }
+        self.kick_rebuild();
+        let inner = self.inner.clone();
+        match req {
+            Request::Read { offset, len } => {
+                Box::pin(async move { inner.read(offset, len).await.map(Reply::Data) })
+            }
+            Request::Write {
+                offset,
+                data,
+                flags,
+            } => Box::pin(async move {
+                let n = data.len() as u64;
+                inner.write(offset, data, flags.fua).await?;
+                Ok(Reply::Done(n))
+            }),
+            Request::WriteZeroes { offset, len, flags } => Box::pin(async move {
+                inner.write_zeroes(offset, len as u64, flags.fua).await?;
+                Ok(Reply::Done(0))
+            }),
+            Request::Flush => Box::pin(async move {
+                inner.flush().await?;
+                Ok(Reply::Done(0))
+            }),
+            Request::Trim { .. } => ready(Err(Errno::ENOTSUP)),
+            Request::Cache { .. } => ready(Ok(Reply::Done(0))),
+            Request::BlockStatus { len, .. } => ready(Ok(Reply::Extents(vec![Extent {
+                len: len as u64,
+                hole: false,
+                zero: false,
+            }]))),
+        }
+    }
+
+    fn name(&self) -> String {
+        let g = &self.inner.geo;
+        format!("ec(k={},m={},chunk={})", g.k, g.m, g.chunk)
+    }
+
+    fn close(&self) -> IoFuture {
+        self.inner.stop.store(true, Ordering::Release);
+        self.submit(Request::Flush)
+    }
+}
+
+#[cfg(test)]
+mod tests;

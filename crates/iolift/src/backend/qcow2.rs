@@ -1,0 +1,285 @@
+//! `qcow2:PATH[,cache=ENTRIES][,paths=N][,ro]`: a qcow2 image (version 3,
+//! or 2), read and written through `iolift-qcow2`.
+//!
+//! The image has one control plane (the only code that changes its
+//! metadata) and `paths` data paths, each with a mapping cache of
+//! `cache` entries (one entry maps one guest cluster). Requests run on
+//! tokio's blocking pool; each pool thread is given a data path once
+//! (round robin) and keeps it, so the caches are per worker: a thread
+//! never waits for another's cache lock on a hit, and the number of
+//! caches, and with it the memory, stays fixed however many NBD
+//! connections there are. `cache=0` serves every request under the
+//! control plane's lock (the slow path, for comparison).
+//!
+//! Flush and FUA are fdatasync of the image file; trim discards whole
+//! clusters; write-zeroes sets the zero flag (version 3).
+
+use super::{BackendSpec, Kind, OptHelp};
+use crate::block::{BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
+use crate::metrics::{self, Instance, MetricSource};
+use anyhow::{bail, Context, Result};
+use bytes::BytesMut;
+use iolift_qcow2::{ControlPlane, DataPath, Options, MAX_DATA_PATHS};
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+pub const OPTIONS: &[OptHelp] = &[
+    OptHelp {
+        name: "cache",
+        kind: Kind::Count,
+        default: "65536",
+        help: "mapping cache entries (guest clusters) per data path; 0: no cache, every request through the control plane",
+    },
+    OptHelp {
+        name: "paths",
+        kind: Kind::Count,
+        default: "4",
+        help: "data paths, each with its own cache, shared round robin by the worker threads (1 to 64)",
+    },
+    OptHelp {
+        name: "ro",
+        kind: Kind::Flag,
+        default: "off",
+        help: "read-only",
+    },
+    OptHelp {
+        name: "name",
+        kind: Kind::Label,
+        default: "a number",
+        help: "the instance label of this image's metrics",
+    },
+];
+
+pub struct Qcow2Config {
+    pub path: PathBuf,
+    pub opts: Options,
+    pub name: Option<String>,
+}
+
+pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
+    if s.arg.is_empty() {
+        bail!("backend qcow2: missing PATH (qcow2:PATH[,cache=ENTRIES][,paths=N][,ro])");
+    }
+    let paths = s.opts.u64("paths", 4)?;
+    if !(1..=MAX_DATA_PATHS as u64).contains(&paths) {
+        return Err(s
+            .opts
+            .err("paths", format!("{paths}: 1 to {MAX_DATA_PATHS}")));
+    }
+    Ok(Qcow2Config {
+        path: PathBuf::from(&s.arg),
+        opts: Options {
+            read_only: s.opts.flag("ro")?,
+            cache_entries: s.opts.u64("cache", 65536)?,
+            data_paths: paths as usize,
+        },
+        name: s.opts.get("name").map(str::to_string),
+    })
+}
+
+pub fn open(s: &BackendSpec) -> Result<DevRef> {
+    let c = parse(s)?;
+    let cp = ControlPlane::open(&c.path, &c.opts)
+        .with_context(|| format!("backend qcow2: {}", c.path.display()))?;
+    let paths = (0..c.opts.data_paths)
+        .map(|i| DataPath::new(cp.clone(), i))
+        .collect();
+    let inner = Arc::new(Inner {
+        cp,
+        paths,
+        path: c.path,
+        id: Instance::new("qcow2", c.name),
+    });
+    metrics::register(inner.clone());
+    Ok(Arc::new(Qcow2Dev { inner }))
+}
+
+pub struct Qcow2Dev {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cp: Arc<ControlPlane>,
+    paths: Vec<DataPath>,
+    path: PathBuf,
+    id: Instance,
+}
+
+static NEXT_WORKER: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// This thread's worker number (given once, round robin).
+fn worker() -> usize {
+    WORKER.with(|w| match w.get() {
+        Some(i) => i,
+        None => {
+            let i = NEXT_WORKER.fetch_add(1, Relaxed);
+            w.set(Some(i));
+            i
+        }
+    })
+}
+
+fn errno(e: iolift_qcow2::Error) -> Errno {
+    tracing::error!("qcow2: {e}");
+    Errno(e.errno())
+}
+
+impl Inner {
+    fn run(&self, req: Request) -> Result<Reply, Errno> {
+        let dp = &self.paths[worker() % self.paths.len()];
+        match req {
+            Request::Read { offset, len } => {
+                let mut buf = BytesMut::zeroed(len as usize);
+                dp.read(offset, &mut buf).map_err(errno)?;
+                Ok(Reply::Data(buf.freeze()))
+            }
+            Request::Write {
+                offset,
+                data,
+                flags,
+            } => {
+                dp.write(offset, &data, flags.fua).map_err(errno)?;
+                Ok(Reply::Done(data.len() as u64))
+            }
+            Request::Flush => self.cp.flush().map(|_| Reply::Done(0)).map_err(errno),
+            Request::Trim { offset, len, .. } => self
+                .cp
+                .discard(offset, len as u64)
+                .map(|_| Reply::Done(0))
+                .map_err(errno),
+            Request::WriteZeroes { offset, len, flags } => {
+                self.cp
+                    .write_zeroes(offset, len as u64, flags.no_hole)
+                    .map_err(errno)?;
+                if flags.fua {
+                    self.cp.flush().map_err(errno)?;
+                }
+                Ok(Reply::Done(0))
+            }
+            Request::Cache { .. } => Ok(Reply::Done(0)),
+            Request::BlockStatus { offset, len } => {
+                let runs = self.cp.block_status(offset, len as u64).map_err(errno)?;
+                Ok(Reply::Extents(
+                    runs.into_iter()
+                        .map(|(len, kind)| Extent {
+                            len,
+                            hole: kind == 2,
+                            zero: kind != 0,
+                        })
+                        .collect(),
+                ))
+            }
+        }
+    }
+}
+
+impl BlockDev for Qcow2Dev {
+    fn info(&self) -> DevInfo {
+        let cp = &self.inner.cp;
+        DevInfo {
+            read_only: cp.read_only(),
+            can_fast_zero: false,
+            ..DevInfo::full(cp.size())
+        }
+    }
+
+    fn submit(&self, req: Request) -> IoFuture {
+        let cp = &self.inner.cp;
+        if let Err(e) = req.admit(cp.size(), cp.read_only()) {
+            return crate::block::ready(Err(e));
+        }
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || inner.run(req))
+                .await
+                .unwrap_or(Err(Errno::EIO))
+        })
+    }
+
+    fn name(&self) -> String {
+        format!("qcow2({})", self.inner.path.display())
+    }
+
+    fn close(&self) -> IoFuture {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || inner.cp.close().map(|_| Reply::Done(0)))
+                .await
+                .unwrap_or(Ok(Reply::Done(0)))
+                .map_err(errno)
+        })
+    }
+}
+
+const HEADERS: &[(&str, &str, &str)] = &[
+    (
+        "iolift_qcow2_cache_hits_total",
+        "counter",
+        "requests a data path's mapping cache answered",
+    ),
+    (
+        "iolift_qcow2_cache_misses_total",
+        "counter",
+        "lookups that went to the control plane",
+    ),
+    (
+        "iolift_qcow2_cache_evictions_total",
+        "counter",
+        "entries evicted to stay within the budget",
+    ),
+    (
+        "iolift_qcow2_cache_invalidations_total",
+        "counter",
+        "entries the control plane invalidated before changing a mapping",
+    ),
+    ("iolift_qcow2_cache_entries", "gauge", "entries held"),
+    (
+        "iolift_qcow2_translations_total",
+        "counter",
+        "translations the control plane answered",
+    ),
+    (
+        "iolift_qcow2_locked_requests_total",
+        "counter",
+        "requests served under the control plane's lock",
+    ),
+    (
+        "iolift_qcow2_allocations_total",
+        "counter",
+        "data clusters allocated",
+    ),
+];
+
+impl MetricSource for Inner {
+    fn render(&self, out: &mut String) {
+        for (i, c) in self.cp.caches().iter().enumerate() {
+            let p = i.to_string();
+            let l = [("path", p.as_str())];
+            let s = &c.stats;
+            self.id.sample(out, HEADERS[0].0, &l, s.hits.load(Relaxed));
+            self.id
+                .sample(out, HEADERS[1].0, &l, s.misses.load(Relaxed));
+            self.id
+                .sample(out, HEADERS[2].0, &l, s.evictions.load(Relaxed));
+            self.id
+                .sample(out, HEADERS[3].0, &l, s.invalidations.load(Relaxed));
+            self.id.sample(out, HEADERS[4].0, &l, c.len());
+        }
+        let s = &self.cp.stats;
+        self.id
+            .sample(out, HEADERS[5].0, &[], s.translations.load(Relaxed));
+        self.id
+            .sample(out, HEADERS[6].0, &[], s.locked_requests.load(Relaxed));
+        self.id
+            .sample(out, HEADERS[7].0, &[], s.allocations.load(Relaxed));
+    }
+
+    fn headers(&self) -> &'static [(&'static str, &'static str, &'static str)] {
+        HEADERS
+    }
+}
