@@ -144,16 +144,22 @@ impl MirrorFs {
 
     pub(super) fn read_now(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let h = self.handles.get(fh)?;
-        let mut buf = vec![0u8; size as usize];
-        let mut got = 0;
-        while got < buf.len() {
-            let n = sys::pread(h.fd.as_fd(), &mut buf[got..], offset + got as u64)?;
+        // Not zeroed first: pread fills what it returns, and only that much
+        // is kept (a 1 MiB memset per read would cost as much as the copy).
+        let mut buf: Vec<u8> = Vec::with_capacity(size as usize);
+        while buf.len() < size as usize {
+            let got = buf.len();
+            let n = sys::pread_into(
+                h.fd.as_fd(),
+                &mut buf.spare_capacity_mut()[..size as usize - got],
+                offset + got as u64,
+            )?;
             if n == 0 {
                 break;
             }
-            got += n;
+            // SAFETY: pread initialised the n bytes after `got`.
+            unsafe { buf.set_len(got + n) };
         }
-        buf.truncate(got);
         Ok(Bytes::from(buf))
     }
 

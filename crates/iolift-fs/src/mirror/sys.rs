@@ -182,8 +182,14 @@ pub fn chown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> FsResult<()> {
     .map(drop)
 }
 
-pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> FsResult<usize> {
-    // SAFETY: buf is valid for buf.len() bytes.
+/// pread into uninitialised memory; returns how many bytes it filled.
+pub fn pread_into(
+    fd: BorrowedFd<'_>,
+    buf: &mut [std::mem::MaybeUninit<u8>],
+    off: u64,
+) -> FsResult<usize> {
+    // SAFETY: buf is valid for writes of buf.len() bytes; the kernel only
+    // writes to it.
     cvt_size(unsafe {
         libc::pread(
             fd.as_raw_fd(),
