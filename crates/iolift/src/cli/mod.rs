@@ -11,6 +11,7 @@ pub mod ec;
 pub mod fs;
 pub mod list;
 pub mod offload;
+pub mod osdmap;
 pub mod serve;
 
 #[derive(Parser, Debug)]
@@ -46,6 +47,8 @@ pub enum Cmd {
     Stages(list::ListArgs),
     /// List the backends (`KIND:ARG,key=value,...`) and their options.
     Backends(list::ListArgs),
+    /// OSDMap placement like osdmaptool: --test-map-pgs[-dump[-all]], --print, ...
+    Osdmap(osdmap::OsdmapArgs),
     /// Offload engine: devices and kernels (info, kernels).
     Offload(offload::OffloadArgs),
     /// AccelFS on the io_uring engine: mkfs, fsck, ls, mkdir, rm, cp-in, cp-out.
@@ -71,6 +74,7 @@ pub fn main() -> ExitCode {
         Cmd::CrashStates(a) => crash_states::run(a),
         Cmd::Stages(a) => list::run_stages(a),
         Cmd::Backends(a) => list::run_backends(a),
+        Cmd::Osdmap(a) => osdmap::run(a),
         Cmd::Offload(a) => offload::run(a),
         Cmd::Accelfs(a) => accelfs::run(a),
         Cmd::Fs(a) => fs::run(a),
