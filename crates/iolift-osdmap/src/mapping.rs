@@ -217,13 +217,18 @@ impl<'a> Mapper<'a> {
         }
     }
 
-    /// Place one PG of `pool` (`rule` from [`find_rule`]). `pg.seed` must be
-    /// below the pool's pg_num (callers iterate 0..pg_num).
+    /// Place one PG of `pool` (`rule` from [`find_rule`]). A raw seed at or
+    /// beyond pg_num is placed as Ceph does: CRUSH with its own seed,
+    /// upmaps and temps of the PG it folds into.
     pub fn map_pg(&mut self, pool: &Pool, rule: i32, seed: u32, out: &mut PgPlacement) {
         let m = self.map;
         let pg = PgId {
             pool: pool.id as u64,
-            seed,
+            seed: if seed < pool.pg_num {
+                seed
+            } else {
+                stable_mod(seed, pool.pg_num, pg_mask(pool.pg_num))
+            },
         };
         let mut raw = std::mem::take(&mut out.raw);
         let pps = self.raw(pool, rule, seed, &mut raw);
@@ -279,12 +284,12 @@ impl<'a> Mapper<'a> {
         out.acting_primary = acting_primary;
     }
 
-    /// Place any PG id: a missing pool or a seed beyond pg_num gives empty
-    /// sets, as `pg_to_up_acting_osds` does.
+    /// Place any PG id (`pg_to_up_acting_osds`): a missing pool gives
+    /// empty sets.
     pub fn map_pgid(&mut self, pg: PgId, out: &mut PgPlacement) {
         let map = self.map;
         match map.pools.get(&(pg.pool as i64)) {
-            Some(pool) if pg.seed < pool.pg_num => {
+            Some(pool) => {
                 let rule = find_rule(map, pool);
                 self.map_pg(pool, rule, pg.seed, out);
             }
