@@ -163,7 +163,9 @@ pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
                 );
             }
             for (ino, dir) in &r.twice_named {
-                println!("twice named: inode {ino} in directory inode {dir} (an interrupted rename)");
+                println!(
+                    "twice named: inode {ino} in directory inode {dir} (an interrupted rename)"
+                );
             }
             println!(
                 "{}: {} files, {} directories, {} blocks used, {} errors",

@@ -8,6 +8,7 @@ pub mod attach;
 pub mod crash_states;
 pub mod crush;
 pub mod ec;
+pub mod kv;
 pub mod fs;
 pub mod list;
 pub mod offload;
@@ -53,6 +54,8 @@ pub enum Cmd {
     Offload(offload::OffloadArgs),
     /// AccelFS on the io_uring engine: mkfs, fsck, ls, mkdir, rm, cp-in, cp-out.
     Accelfs(accelfs::AccelfsArgs),
+    /// Key-value store on AccelFS (rusty-leveldb): db_bench-style bench, dump.
+    Kv(kv::KvArgs),
     /// File systems through the kernel's FUSE client: mount null or mirror:DIR.
     Fs(fs::FsArgs),
 }
@@ -77,6 +80,7 @@ pub fn main() -> ExitCode {
         Cmd::Osdmap(a) => osdmap::run(a),
         Cmd::Offload(a) => offload::run(a),
         Cmd::Accelfs(a) => accelfs::run(a),
+        Cmd::Kv(a) => kv::run(a),
         Cmd::Fs(a) => fs::run(a),
     };
     match r {

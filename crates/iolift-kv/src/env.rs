@@ -1,0 +1,283 @@
+//! [`AccelEnv`]: rusty-leveldb's storage environment on AccelFS.
+//!
+//! Each path the engine names (`DB/000005.ldb`, `DB/CURRENT`, ...) is an
+//! AccelFS path. Files go through AccelFS's per-file buffer cache: one
+//! cache per open file, shared by every handle on it. The engine's sync
+//! (`Write::flush` of a log, table or manifest file it writes) is
+//! AccelFS's hard sync: the file's dirty blocks, then its inode, then a
+//! device flush. Closing a file is a soft sync. Renames stay within one
+//! directory (the engine renames only there). Locks are held in this
+//! process; the image itself is locked with flock(2) against a second
+//! process.
+//!
+//! Memory: every open file holds at most `cache_blocks` blocks, so the
+//! files' caches take at most (open files) x `cache_blocks` x block size;
+//! the engine keeps at most its `max_open_files` table files open.
+
+use crate::handle::{unmounted, Handle, Inner};
+use iolift_direct::fs::{layout, Fs};
+use rusty_leveldb::env::{Env, FileLock, Logger, RandomAccess};
+use rusty_leveldb::{Status, StatusCode};
+use std::cell::RefCell;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// Settings of an [`AccelEnv`].
+#[derive(Debug, Clone)]
+pub struct EnvConfig {
+    /// Blocks of each open file's cache (AccelFS's default: 16).
+    pub cache_blocks: usize,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        EnvConfig {
+            cache_blocks: iolift_direct::fs::DEFAULT_CACHE_BLOCKS,
+        }
+    }
+}
+
+/// rusty-leveldb's `Env` on a mounted AccelFS. Clones share the file
+/// system.
+#[derive(Clone)]
+pub struct AccelEnv {
+    inner: Rc<Inner>,
+}
+
+/// Locks `image` (an image file or block device) with flock(2) against a
+/// second process; the lock lasts as long as the returned file.
+pub fn lock_image(image: &Path) -> io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new().read(true).open(image)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("{}: in use by another process ({e})", image.display()),
+        ));
+    }
+    Ok(f)
+}
+
+fn path_str(p: &Path) -> io::Result<&str> {
+    p.to_str().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: not UTF-8", p.display()),
+        )
+    })
+}
+
+fn status(e: io::Error) -> Status {
+    match e.kind() {
+        io::ErrorKind::AlreadyExists => Status::new(StatusCode::AlreadyExists, &e.to_string()),
+        _ => Status::from(e),
+    }
+}
+
+impl AccelEnv {
+    /// An environment on a mounted file system; `image_lock` (see
+    /// [`lock_image`]) is held until [`Self::unmount`].
+    pub fn new(mut fs: Fs, cfg: &EnvConfig, image_lock: Option<std::fs::File>) -> AccelEnv {
+        fs.set_cache_blocks(cfg.cache_blocks);
+        AccelEnv {
+            inner: Rc::new(Inner {
+                fs: RefCell::new(Some(fs)),
+                open: RefCell::new(Default::default()),
+                locks: RefCell::new(Default::default()),
+                _image_lock: image_lock,
+            }),
+        }
+    }
+
+    /// Soft-syncs every open file, then unmounts (a device flush). Call it
+    /// once the database is dropped; later calls fail.
+    pub fn unmount(&self) -> io::Result<()> {
+        let open: Vec<_> = self.inner.open.borrow_mut().drain().collect();
+        let fs = self.inner.fs.borrow_mut().take().ok_or_else(unmounted)?;
+        let mut fs = fs;
+        for (_, w) in open {
+            if let Some(s) = w.upgrade() {
+                let mut o = s.borrow_mut();
+                if !o.gone {
+                    fs.sync_soft(&mut o.file)?;
+                    o.gone = true;
+                }
+            }
+        }
+        fs.unmount().map(drop)
+    }
+
+    /// Runs `f` on the file system (e.g. fsck after the database closed).
+    pub fn with_fs<T>(&self, f: impl FnOnce(&mut Fs) -> io::Result<T>) -> io::Result<T> {
+        self.inner.with_fs(f)
+    }
+
+    fn writer(&self, p: &Path, truncate: bool) -> io::Result<Handle> {
+        let path = path_str(p)?;
+        let exists = self.inner.with_fs(|fs| match fs.stat(path) {
+            Ok(st) if st.kind == layout::KIND_DIR => Err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                format!("{path}: a directory"),
+            )),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs.create(path)?;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        })?;
+        let h = self.inner.handle(path)?;
+        if exists && truncate {
+            h.truncate()?;
+        }
+        Ok(h)
+    }
+
+    fn mkdir_all(&self, path: &str) -> io::Result<()> {
+        let mut at = String::new();
+        for part in path.split('/').filter(|s| !s.is_empty()) {
+            at.push('/');
+            at.push_str(part);
+            self.inner.with_fs(|fs| match fs.stat(&at) {
+                Ok(st) if st.kind == layout::KIND_DIR => Ok(()),
+                Ok(_) => Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{at}: exists and is not a directory"),
+                )),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => fs.mkdir(&at).map(drop),
+                Err(e) => Err(e),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Env for AccelEnv {
+    fn open_sequential_file(&self, p: &Path) -> rusty_leveldb::Result<Box<dyn Read>> {
+        let h = self.inner.handle(path_str(p)?).map_err(status)?;
+        Ok(Box::new(h))
+    }
+
+    fn open_random_access_file(&self, p: &Path) -> rusty_leveldb::Result<Box<dyn RandomAccess>> {
+        let h = self.inner.handle(path_str(p)?).map_err(status)?;
+        Ok(Box::new(h))
+    }
+
+    fn open_writable_file(&self, p: &Path) -> rusty_leveldb::Result<Box<dyn Write>> {
+        Ok(Box::new(self.writer(p, true).map_err(status)?))
+    }
+
+    fn open_appendable_file(&self, p: &Path) -> rusty_leveldb::Result<Box<dyn Write>> {
+        Ok(Box::new(self.writer(p, false).map_err(status)?))
+    }
+
+    fn exists(&self, p: &Path) -> rusty_leveldb::Result<bool> {
+        let path = path_str(p)?;
+        self.inner
+            .with_fs(|fs| match fs.lookup(path) {
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(e),
+            })
+            .map_err(status)
+    }
+
+    fn children(&self, p: &Path) -> rusty_leveldb::Result<Vec<PathBuf>> {
+        let path = path_str(p)?;
+        let list = self.inner.with_fs(|fs| fs.list(path)).map_err(status)?;
+        Ok(list.into_iter().map(|d| PathBuf::from(d.name)).collect())
+    }
+
+    fn size_of(&self, p: &Path) -> rusty_leveldb::Result<usize> {
+        let path = path_str(p)?;
+        let st = self.inner.with_fs(|fs| fs.stat(path)).map_err(status)?;
+        // An open file's size includes its unsynced writes.
+        let size = match self.inner.shared(st.ino) {
+            Some(s) => s.borrow().file.size(),
+            None => st.size,
+        };
+        Ok(size as usize)
+    }
+
+    fn delete(&self, p: &Path) -> rusty_leveldb::Result<()> {
+        let path = path_str(p)?;
+        let st = self.inner.with_fs(|fs| fs.stat(path)).map_err(status)?;
+        if st.kind == layout::KIND_DIR {
+            return Err(Status::new(
+                StatusCode::InvalidArgument,
+                &format!("{path}: a directory (use rmdir)"),
+            ));
+        }
+        self.inner.forget(st.ino);
+        self.inner.with_fs(|fs| fs.remove(path)).map_err(status)
+    }
+
+    fn mkdir(&self, p: &Path) -> rusty_leveldb::Result<()> {
+        self.mkdir_all(path_str(p)?).map_err(status)
+    }
+
+    fn rmdir(&self, p: &Path) -> rusty_leveldb::Result<()> {
+        let path = path_str(p)?;
+        for c in self.children(p)? {
+            self.delete(&p.join(c))?;
+        }
+        self.inner.with_fs(|fs| fs.remove(path)).map_err(status)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> rusty_leveldb::Result<()> {
+        let (from, to) = (path_str(from)?, path_str(to)?);
+        self.inner
+            .with_fs(|fs| {
+                if let Ok(st) = fs.stat(to) {
+                    if fs.lookup(from)? != st.ino {
+                        self.inner.forget(st.ino);
+                    }
+                }
+                fs.rename(from, to)
+            })
+            .map_err(status)
+    }
+
+    fn lock(&self, p: &Path) -> rusty_leveldb::Result<FileLock> {
+        let path = path_str(p)?.to_string();
+        if !self.inner.locks.borrow_mut().insert(path.clone()) {
+            return Err(Status::new(
+                StatusCode::LockError,
+                &format!("{path}: lock is held"),
+            ));
+        }
+        // The engine expects the lock file to exist.
+        drop(self.writer(p, false).map_err(status)?);
+        Ok(FileLock { id: path })
+    }
+
+    fn unlock(&self, l: FileLock) -> rusty_leveldb::Result<()> {
+        if !self.inner.locks.borrow_mut().remove(&l.id) {
+            return Err(Status::new(
+                StatusCode::LockError,
+                &format!("{}: not locked", l.id),
+            ));
+        }
+        Ok(())
+    }
+
+    fn new_logger(&self, p: &Path) -> rusty_leveldb::Result<Logger> {
+        Ok(Logger::new(Box::new(
+            self.writer(p, false).map_err(status)?,
+        )))
+    }
+
+    fn micros(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0)
+    }
+
+    fn sleep_for(&self, micros: u32) {
+        std::thread::sleep(std::time::Duration::from_micros(micros as u64));
+    }
+}

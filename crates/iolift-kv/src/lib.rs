@@ -1,0 +1,19 @@
+//! A key-value store on AccelFS, as HAYAGUI ported LevelDB onto its file
+//! system: the LSM engine is rusty-leveldb, whose storage environment
+//! (the `Env` trait) is implemented here on iolift-direct's file system.
+//!
+//! - [`env`]: [`AccelEnv`], the environment on AccelFS (files through the
+//!   per-file buffer cache; a sync is AccelFS's hard sync);
+//! - [`posix`]: [`PosixSyncEnv`], the engine's own POSIX environment with
+//!   a sync that is fdatasync(2) (for comparisons of equal durability);
+//! - [`bench`]: db_bench's workloads and report lines.
+//!
+//! See docs/kv.md.
+
+pub mod bench;
+pub mod env;
+mod handle;
+pub mod posix;
+
+pub use env::{AccelEnv, EnvConfig};
+pub use posix::PosixSyncEnv;

@@ -1,0 +1,219 @@
+//! `iolift kv` end to end: db_bench-style runs on an AccelFS image with
+//! every key read back (`verify`) and fsck clean, `dump` agreeing with
+//! `readseq`; kill -9 during synced writes (`--sync=1` and `fillsync`):
+//! fsck finds no error and every write reported synced is there with its
+//! value; the same on a loop device; bad input gives one error line.
+
+use iolift_testkit::{require_root, Loop, Rng};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn iolift() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_iolift"))
+}
+
+fn ok(c: &mut Command) -> String {
+    let o = c.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{c:?} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn fails(c: &mut Command) -> String {
+    let o: Output = c.output().unwrap();
+    assert!(!o.status.success(), "{c:?} should fail");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one error line: {err}");
+    err
+}
+
+/// `KEY -> VALUE-HEX` of `iolift kv dump`.
+fn dump(img: &Path) -> HashMap<String, String> {
+    let out = ok(iolift().args(["kv", "dump", "--image"]).arg(img));
+    out.lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            assert_eq!(k.len(), 16, "{l}");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn fsck_clean(img: &Path) {
+    let out = ok(iolift().args(["accelfs", "fsck"]).arg(img));
+    assert!(!out.contains("error:") && out.contains(", 0 errors"), "{out}");
+}
+
+fn verified_run(img: &Path) {
+    let out = ok(iolift()
+        .args(["kv", "bench", "--mkfs", "256M", "--num", "4000", "--fsck"])
+        .args(["--write_buffer_size", "65536", "--image"])
+        .arg(img)
+        .arg("--benchmarks=fillseq,verify,fillrandom,overwrite,verify,readseq,readrandom,fillsync,verify"));
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(" : ")).collect();
+    assert_eq!(lines.len(), 9, "{out}");
+    for l in &lines {
+        let (name, rest) = l.split_once(" : ").unwrap();
+        let micros: f64 = rest.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(micros > 0.0 && rest.contains("micros/op;"), "{l}");
+        match name.trim() {
+            "verify" => assert!(
+                rest.contains("(4000 keys checked, 0 missing, 0 wrong)"),
+                "{l}"
+            ),
+            "fillseq" | "fillrandom" | "overwrite" | "fillsync" => {
+                assert!(rest.ends_with(" MB/s"), "{l}")
+            }
+            "readrandom" => assert!(rest.contains(" of 4000 found)"), "{l}"),
+            "readseq" => {}
+            other => panic!("unexpected line {other}: {out}"),
+        }
+    }
+    assert!(out.contains(", 0 errors,"), "fsck after the run: {out}");
+    // fillsync left num/1000 keys: dump and fsck agree.
+    let d = dump(img);
+    assert_eq!(d.len(), 4, "{out}");
+    fsck_clean(img);
+}
+
+#[test]
+fn db_bench_runs_are_verified_and_dump_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("kv.img");
+    verified_run(&img);
+    // readseq counts what dump prints.
+    let out = ok(iolift()
+        .args([
+            "kv",
+            "bench",
+            "--num",
+            "4000",
+            "--use_existing_db=1",
+            "--image",
+        ])
+        .arg(&img)
+        .arg("--benchmarks=fillrandom,readseq"));
+    let readseq = out.lines().find(|l| l.starts_with("readseq")).unwrap();
+    let d = dump(&img);
+    assert!(d.len() > 2000, "{}", d.len());
+    // readseq's MB/s covers (16 + 100) bytes per entry it read.
+    assert!(readseq.contains("MB/s"), "{readseq}");
+    fsck_clean(&img);
+}
+
+#[test]
+fn db_bench_runs_on_a_loop_device() {
+    require_root("kv on a loop device needs root (losetup)");
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("loop.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let lo = Loop::new(&img);
+    verified_run(lo.path());
+}
+
+/// Runs a synced fill, kills it after `kill_after` synced writes, then
+/// checks fsck and that every reported write is there.
+fn kill_during(img: &Path, args: &[&str], kill_after: usize) {
+    let mut child = iolift()
+        .args(["kv", "bench", "--print_synced", "--image"])
+        .arg(img)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut synced: HashMap<String, String> = HashMap::new();
+    let mut seen = 0;
+    for l in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let l = l.unwrap();
+        let Some(rest) = l.strip_prefix("synced ") else {
+            continue;
+        };
+        let (k, v) = rest.split_once(' ').unwrap();
+        synced.insert(k.to_string(), v.to_string());
+        seen += 1;
+        if seen == kill_after {
+            break;
+        }
+    }
+    assert_eq!(seen, kill_after, "the run ended early");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    fsck_clean(img);
+    let d = dump(img);
+    for (k, v) in &synced {
+        assert_eq!(d.get(k), Some(v), "synced key {k} after kill -9");
+    }
+    fsck_clean(img);
+}
+
+#[test]
+fn kill_9_keeps_every_synced_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("kv.img");
+    let mut rng = Rng::new(17);
+    ok(iolift()
+        .args(["accelfs", "mkfs", "--size", "256M"])
+        .arg(&img));
+    // Sequential keys, every write synced; later rounds append to the
+    // same database (and recover its log first).
+    for round in 0..3 {
+        let n = 20 + rng.below(200) as usize;
+        let existing = if round == 0 { "0" } else { "1" };
+        kill_during(
+            &img,
+            &[
+                "--benchmarks=fillseq",
+                "--sync=1",
+                "--num=100000",
+                &format!("--use_existing_db={existing}"),
+                &format!("--seed={round}"),
+            ],
+            n,
+        );
+    }
+    // db_bench's fillsync: random keys, num/1000 writes each synced.
+    let n = 50 + rng.below(200) as usize;
+    kill_during(&img, &["--benchmarks=fillsync", "--num=10000000"], n);
+}
+
+#[test]
+fn bad_input_is_one_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("kv.img");
+    let e = fails(
+        iolift()
+            .args(["kv", "bench", "--benchmarks=fillseq,nosuch", "--image"])
+            .arg(&img),
+    );
+    assert!(e.contains("--benchmarks") && e.contains("nosuch"), "{e}");
+    let e = fails(
+        iolift()
+            .args(["kv", "bench", "--value_size", "0", "--image"])
+            .arg(&img),
+    );
+    assert!(e.contains("--value_size"), "{e}");
+    let e = fails(iolift().args(["kv", "bench", "--num", "10"]));
+    assert!(e.contains("--image"), "{e}");
+    // Not an AccelFS image.
+    iolift_testkit::write_random_file(&img, 1 << 20, 5);
+    let e = fails(
+        iolift()
+            .args(["kv", "bench", "--num", "10", "--image"])
+            .arg(&img),
+    );
+    assert!(e.contains("superblock"), "{e}");
+    let e = fails(iolift().args(["kv", "dump", "--image"]).arg(&img));
+    assert!(e.contains("superblock"), "{e}");
+}
