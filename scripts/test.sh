@@ -43,6 +43,7 @@ PACKAGES=(
     sqlite3         # tests/fs_workloads: a database on the mount, PRAGMA integrity_check
     git             # tests/fs_workloads: clone, checkout, status on the mount
     bindfs          # bench/fs.sh: the FUSE passthrough file system iolift's mirror is measured against
+    rocksdb-tools   # bench/kv.sh: RocksDB's db_bench, the peer of `iolift kv bench`
 )
 # ---------------------------------------------------------------------------
 

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# HAYAGUI's Figure 6 here: db_bench workloads on
+#   accelfs     `iolift kv bench --env accelfs`: rusty-leveldb on AccelFS, on
+#               an image file (O_DIRECT through the io_uring engine),
+#   posix       `iolift kv bench --env posix`: the same engine on its own
+#               POSIX environment (its sync is a write(2), no fsync),
+#   posix-fsync `iolift kv bench --env posix-fsync`: the same, sync =
+#               fdatasync(2) (the durability AccelFS's hard sync gives),
+#   rocksdb     RocksDB's db_bench (Debian rocksdb-tools), default options
+#               but --compression_type=none (as the other three),
+# the last three in a directory of an ext4 file system made on a loop
+# device over an image file of the same size as AccelFS's, both image
+# files on this machine's disk. Same run, alternating (the order rotates
+# every repeat), medians of R, ratios, peak RSS. Not a test: see
+# docs/kv.md; numbers go to docs/measurements/kv.md.
+#
+#   bench/kv.sh                         # R=3, NUM=100000, values 100 and 1024 B
+#   R=5 NUM=200000 VALUES="100" bench/kv.sh
+#   PROFILE=debug bench/kv.sh           # the debug build (no release build)
+#   SYSTEMS="accelfs posix-fsync" bench/kv.sh
+#   IOLIFT=path/to/iolift bench/kv.sh   # that binary, no build
+#
+# Needs root (losetup, mount) and db_bench (scripts/test.sh installs
+# rocksdb-tools). Each run: fillseq, fillrandom, readseq, readrandom,
+# fillsync in one process (fills start from an empty database; the reads
+# run on what fillrandom left, as in db_bench); fillsync is NUM/1000
+# synced writes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+R=${R:-3}
+NUM=${NUM:-100000}
+VALUES=${VALUES:-"100 1024"}
+SIZE=${SIZE:-1G}
+PROFILE=${PROFILE:-release}
+SYSTEMS=${SYSTEMS:-"accelfs posix posix-fsync rocksdb"}
+BENCHES=fillseq,fillrandom,readseq,readrandom,fillsync
+TARGET=${CARGO_TARGET_DIR:-target}
+PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
+
+[[ $(id -u) == 0 ]] || { echo "bench/kv.sh needs root (losetup, mount for the ext4 side)" >&2; exit 1; }
+if [[ $SYSTEMS == *rocksdb* ]]; then
+    command -v db_bench >/dev/null || { echo "missing db_bench: run scripts/test.sh, which installs rocksdb-tools" >&2; exit 1; }
+fi
+if [[ -n ${IOLIFT:-} ]]; then
+    echo "== using $IOLIFT" >&2
+elif [[ $PROFILE == release ]]; then
+    IOLIFT=$TARGET/release/iolift
+    echo "== building iolift (release)" >&2
+    cargo build --release -p iolift --bin iolift >&2
+else
+    IOLIFT=$TARGET/$PROFILE/iolift
+    echo "== building iolift ($PROFILE)" >&2
+    cargo build -p iolift --bin iolift >&2
+fi
+
+WORK=$(mktemp -d /var/tmp/iolift-kv-bench.XXXXXX)
+MNT=$WORK/ext4
+LOOP=
+cleanup() {
+    if mountpoint -q "$MNT" 2>/dev/null; then umount "$MNT" || umount -l "$MNT"; fi
+    [[ -n $LOOP ]] && losetup -d "$LOOP" 2>/dev/null || true
+    if [[ -z ${KEEP:-} ]]; then rm -rf "$WORK"; else echo "results kept in $WORK" >&2; fi
+}
+trap cleanup EXIT
+
+truncate -s "$SIZE" "$WORK/accel.img" "$WORK/ext4.img"
+mkfs.ext4 -q -F "$WORK/ext4.img"
+LOOP=$(losetup -f --show --direct-io=on "$WORK/ext4.img")
+mkdir -p "$MNT"
+mount "$LOOP" "$MNT"
+
+# run SYSTEM VALUE OUT: one db_bench-style run; OUT gets its output and
+# the peak RSS line of /usr/bin/time.
+run() {
+    local sys=$1 v=$2 out=$3
+    local common=(--benchmarks=$BENCHES --num=$NUM --value_size=$v)
+    case $sys in
+    accelfs)
+        /usr/bin/time -f "peak_rss_kib %M" "$IOLIFT" kv bench --env accelfs \
+            --image "$WORK/accel.img" --mkfs "$SIZE" "${common[@]}" >"$out" 2>&1 ;;
+    posix|posix-fsync)
+        rm -rf "$MNT/db"
+        /usr/bin/time -f "peak_rss_kib %M" "$IOLIFT" kv bench --env "$sys" \
+            --db "$MNT/db" "${common[@]}" >"$out" 2>&1 ;;
+    rocksdb)
+        rm -rf "$MNT/rocks"
+        /usr/bin/time -f "peak_rss_kib %M" db_bench --db="$MNT/rocks" \
+            --compression_type=none "${common[@]}" >"$out" 2>&1 ;;
+    *) echo "unknown system $sys" >&2; exit 1 ;;
+    esac || { echo "== $sys failed:" >&2; cat "$out" >&2; exit 1; }
+}
+
+echo "== $R repeats, NUM=$NUM, values: $VALUES, images $SIZE, $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+read -ra SYS <<<"$SYSTEMS"
+for r in $(seq "$R"); do
+    for v in $VALUES; do
+        n=${#SYS[@]}
+        for i in $(seq 0 $((n - 1))); do
+            sys=${SYS[$(((i + r) % n))]}
+            echo "-- repeat $r value $v $sys (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+            run "$sys" "$v" "$WORK/$sys.v$v.r$r.txt"
+        done
+    done
+done
+echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$PY" - "$WORK" "$SYSTEMS" "$VALUES" "$BENCHES" <<'EOF'
+import glob, re, statistics, sys
+work, systems, values, benches = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4].split(",")
+micros, rss = {}, {}
+for s in systems:
+    for v in values:
+        for f in sorted(glob.glob(f"{work}/{s}.v{v}.r*.txt")):
+            for line in open(f):
+                m = re.match(r"^(\w+)\s+:\s+([0-9.]+) micros/op", line)
+                if m and m.group(1) in benches:
+                    micros.setdefault((s, v, m.group(1)), []).append(float(m.group(2)))
+                m = re.match(r"^peak_rss_kib (\d+)", line)
+                if m:
+                    rss.setdefault(s, []).append(int(m.group(1)) / 1024)
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+print("micros/op, medians; ratio = other's micros/op / accelfs's (> 1: accelfs faster)")
+head = f"{'bench':<11} {'value':>5}" + "".join(f" {s:>12}" for s in systems)
+others = [s for s in systems if s != "accelfs"]
+if "accelfs" in systems:
+    head += "".join(f" {s + '/acc':>17}" for s in others)
+print(head)
+for v in values:
+    for b in benches:
+        row = f"{b:<11} {v:>5}"
+        for s in systems:
+            row += f" {med(micros.get((s, v, b), [])):>12.2f}"
+        if "accelfs" in systems:
+            a = med(micros.get(("accelfs", v, b), []))
+            for s in others:
+                row += f" {med(micros.get((s, v, b), [])) / a:>16.2f}x"
+        print(row)
+for s in systems:
+    xs = rss.get(s, [])
+    print(f"peak RSS {s:<12} median {med(xs):7.1f} MiB (per run: {', '.join(f'{x:.1f}' for x in xs)})")
+EOF
