@@ -247,6 +247,49 @@ impl Alloc {
         Ok(())
     }
 
+    /// `n` contiguous new clusters at the end of the file, refcounts
+    /// durable (tables that must be contiguous: L1 copies, the snapshot
+    /// table).
+    pub fn alloc_run(&mut self, file: &File, n: u64) -> Result<u64> {
+        let at = self.end;
+        self.end += n;
+        for k in at..at + n {
+            self.set(file, k, 1)?;
+        }
+        sync(file).map_err(io_ctx("fdatasync after allocating a table"))?;
+        Ok(at)
+    }
+
+    /// Adds one reference to an allocated cluster.
+    pub fn incref(&mut self, file: &File, k: u64) -> Result<()> {
+        let v = self.rc.get(file, k)?;
+        if v == 0 {
+            return corrupt(format!("cluster {k} is referenced but its refcount is 0"));
+        }
+        self.rc.set(file, k, v + 1)
+    }
+
+    /// Drops one reference now (the caller made sure nothing durable
+    /// needs it); returns the new refcount.
+    pub fn decref_now(&mut self, file: &File, k: u64) -> Result<u64> {
+        self.decref(file, k)?;
+        let v = self.rc.get(file, k)?;
+        if v == 0 {
+            self.tables.remove(&k);
+        }
+        Ok(v)
+    }
+
+    /// Adds a cluster range [start, end) that holds metadata.
+    pub fn note_fixed(&mut self, start: u64, end: u64) {
+        self.fixed.push((start, end));
+    }
+
+    /// Forgets a metadata range starting at `start` (it was freed).
+    pub fn forget_fixed(&mut self, start: u64) {
+        self.fixed.retain(|&(s, _)| s != start);
+    }
+
     /// Marks a cluster as an L2 table (the allocator then never hands it
     /// out even if its refcount reads 0).
     pub fn note_table(&mut self, k: u64) {

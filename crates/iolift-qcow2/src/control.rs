@@ -66,6 +66,17 @@ pub(crate) struct Meta {
     pub held: HashMap<u64, u64>,
     pub file_len: u64,
     pub closed: bool,
+    /// Internal snapshots, and where their table is (offset, clusters).
+    pub snapshots: Vec<crate::snapshot::Snapshot>,
+    pub snap_offset: u64,
+    pub snap_clusters: u64,
+}
+
+impl Meta {
+    /// The allocator (writable opens only; callers checked).
+    pub fn alloc_mut(&mut self) -> &mut Alloc {
+        self.alloc.as_mut().expect("writable")
+    }
 }
 
 pub struct ControlPlane {

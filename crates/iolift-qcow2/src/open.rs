@@ -11,6 +11,7 @@ use crate::header::{field, Header};
 use crate::io::{read_exact, sync, write_all};
 use crate::mapping::l1_offset;
 use crate::refcount::Refcounts;
+use crate::snapshot::{read_table, Snapshot};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -58,12 +59,17 @@ impl ControlPlane {
         hdr.parse_extensions(&cluster, &name)?;
         let writable = !opts.read_only;
         hdr.check_features(writable)?;
-        if writable && hdr.nb_snapshots > 0 {
-            return Err(Error::Unsupported(format!(
-                "the image has {} internal snapshots; writing to an image with snapshots (copy-on-write of shared clusters) is not supported yet: open it read-only",
-                hdr.nb_snapshots
-            )));
-        }
+        let (snapshots, snap_len) = if hdr.nb_snapshots == 0 {
+            (Vec::new(), 0)
+        } else {
+            if !hdr.snapshots_offset.is_multiple_of(hdr.cluster_size()) {
+                return Err(Error::Corrupt(format!(
+                    "snapshots_offset {:#x} is not cluster aligned",
+                    hdr.snapshots_offset
+                )));
+            }
+            read_table(&file, hdr.snapshots_offset, hdr.nb_snapshots, file_len)?
+        };
         let cs = hdr.cluster_size();
         let mut raw = vec![0u8; hdr.l1_size as usize * 8];
         read_exact(&file, hdr.l1_table_offset, &mut raw).map_err(io_ctx("reading the L1 table"))?;
@@ -106,6 +112,13 @@ impl ControlPlane {
                     a.note_table(off >> hdr.cluster_bits);
                 }
             }
+            if snap_len > 0 {
+                let (s, e) = span(hdr.snapshots_offset, snap_len);
+                a.note_fixed(s, e);
+            }
+            for s in &snapshots {
+                note_snapshot_tables(&file, &mut a, s, hdr.cluster_bits, file_len)?;
+            }
             Some(a)
         } else {
             None
@@ -118,6 +131,11 @@ impl ControlPlane {
                 hdr.backing_format.as_deref(),
                 depth,
             )?),
+        };
+        let snap_offset = if snap_len > 0 {
+            hdr.snapshots_offset
+        } else {
+            0
         };
         let caches = if opts.cache_entries == 0 {
             Vec::new()
@@ -135,6 +153,9 @@ impl ControlPlane {
                 held: HashMap::new(),
                 file_len,
                 closed: false,
+                snapshots,
+                snap_offset,
+                snap_clusters: snap_len.div_ceil(cs),
             }),
             backing,
             caches,
@@ -201,4 +222,39 @@ fn open_backing(image: &Path, name: &str, format: Option<&str>, depth: usize) ->
             "backing file format {other:?} (only raw and qcow2)"
         ))),
     }
+}
+
+/// Marks a snapshot's L1 table and L2 tables as metadata for the
+/// allocator (checked like the active ones).
+fn note_snapshot_tables(
+    file: &File,
+    a: &mut Alloc,
+    s: &Snapshot,
+    cb: u32,
+    file_len: u64,
+) -> Result<()> {
+    let cs = 1u64 << cb;
+    let len = s.l1_size as u64 * 8;
+    if s.l1_size as u64 > crate::header::MAX_L1_ENTRIES
+        || !s.l1_offset.is_multiple_of(cs)
+        || s.l1_offset + len > file_len
+    {
+        return Err(Error::Corrupt(format!(
+            "snapshot {:?}: L1 table at {:#x} ({} entries) is unaligned or past the end of the file",
+            s.name, s.l1_offset, s.l1_size
+        )));
+    }
+    a.note_fixed(
+        s.l1_offset / cs,
+        (s.l1_offset + len).div_ceil(cs).max(s.l1_offset / cs + 1),
+    );
+    let mut raw = vec![0u8; len as usize];
+    read_exact(file, s.l1_offset, &mut raw).map_err(io_ctx("reading a snapshot's L1 table"))?;
+    for (i, e) in raw.chunks_exact(8).enumerate() {
+        let off = l1_offset(i, u64::from_be_bytes(e.try_into().unwrap()), cb, file_len)?;
+        if off != 0 {
+            a.note_table(off >> cb);
+        }
+    }
+    Ok(())
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::MutexGuard;
 
 impl ControlPlane {
-    fn writable(&self) -> Result<MutexGuard<'_, crate::control::Meta>> {
+    pub(crate) fn writable_meta(&self) -> Result<MutexGuard<'_, crate::control::Meta>> {
         if self.read_only {
             return Err(Error::ReadOnly("opened read-only".into()));
         }
@@ -35,19 +35,27 @@ impl ControlPlane {
     fn ensure_l2(&self, m: &mut Meta, c: u64) -> Result<()> {
         let i = (c >> self.hdr.l2_bits()) as usize;
         let e = m.l1[i];
-        if e & OFFSET_MASK != 0 {
-            if e & COPIED == 0 {
-                return Err(Error::Unsupported(format!(
-                    "L2 table {i} is shared (COPIED bit clear); copy-on-write of L2 tables is not supported"
-                )));
-            }
+        let old = e & OFFSET_MASK;
+        if old != 0 && e & COPIED != 0 {
             return Ok(());
+        }
+        // A new table: zeroes; a shared one (a snapshot's too): a copy.
+        // Its data clusters keep their refcounts (they count L1 tables,
+        // and the same two L1 tables still reach them).
+        let mut table = vec![0u8; self.cluster_size() as usize];
+        if old != 0 {
+            crate::io::read_exact(&self.file, old, &mut table)
+                .map_err(io_ctx(format!("reading shared L2 table {i}")))?;
         }
         let k = self.alloc_cluster(m)?;
         let off = k << self.hdr.cluster_bits;
-        let zero = vec![0u8; self.cluster_size() as usize];
-        write_all(&self.file, off, &zero).map_err(io_ctx(format!("writing new L2 table {i}")))?;
+        write_all(&self.file, off, &table).map_err(io_ctx(format!("writing new L2 table {i}")))?;
         sync(&self.file).map_err(io_ctx("fdatasync after a new L2 table"))?;
+        if old != 0 {
+            // Cached mappings of this table's clusters stay right (same
+            // entries), and the old table is freed after the next sync.
+            m.alloc_mut().free_later(old >> self.hdr.cluster_bits);
+        }
         m.file_len = m.file_len.max(off + self.cluster_size());
         m.l1[i] = off | COPIED;
         m.alloc.as_mut().expect("writable").note_table(k);
@@ -89,7 +97,7 @@ impl ControlPlane {
     /// in place where the cluster is allocated and not shared, otherwise
     /// into a new cluster.
     pub fn write_cluster(&self, c: u64, at: u64, data: &[u8]) -> Result<()> {
-        let mut m = self.writable()?;
+        let mut m = self.writable_meta()?;
         self.stats.locked_requests.fetch_add(1, Relaxed);
         self.write_cluster_locked(&mut m, c, at, data)
     }
@@ -125,7 +133,7 @@ impl ControlPlane {
     /// so the backing file does not show through) or from the backing
     /// file (version 2). Partial clusters are left as they are.
     pub fn discard(&self, off: u64, len: u64) -> Result<()> {
-        let mut m = self.writable()?;
+        let mut m = self.writable_meta()?;
         let cb = self.hdr.cluster_bits;
         let first = off.div_ceil(1 << cb);
         let end = (off + len) >> cb;
@@ -141,6 +149,7 @@ impl ControlPlane {
             if same || self.l2_slot(&m, c) == 0 {
                 continue;
             }
+            self.ensure_l2(&mut m, c)?;
             self.set_l2(&mut m, c, new)?;
             self.free_old(&mut m, old)?;
         }
@@ -152,7 +161,7 @@ impl ControlPlane {
     /// stays allocated) or are unallocated (version 2 with no backing
     /// file); the rest is written with zeroes.
     pub fn write_zeroes(&self, off: u64, len: u64, keep: bool) -> Result<()> {
-        let mut m = self.writable()?;
+        let mut m = self.writable_meta()?;
         self.stats.locked_requests.fetch_add(1, Relaxed);
         let cs = self.cluster_size();
         for (c, at, r) in crate::pieces(off, len as usize, self.hdr.cluster_bits) {
@@ -181,6 +190,7 @@ impl ControlPlane {
                     }
                 }
             } else if whole && self.backing.is_none() && !keep {
+                self.ensure_l2(&mut m, c)?;
                 self.set_l2(&mut m, c, 0)?;
                 self.free_old(&mut m, old)?;
             } else {
