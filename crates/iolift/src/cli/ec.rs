@@ -78,6 +78,9 @@ pub enum EcCmd {
     /// reed_sol_van), data on the device and from host memory, checked
     /// against the CPU codec.
     Bench(BenchArgs),
+    /// Rebuild the replaced or failed children of an `ec:` device, offline
+    /// (see docs/ec-device.md); `--check` reads every stripe afterwards.
+    Rebuild(super::ec_rebuild::RebuildArgs),
 }
 
 #[derive(Args, Debug)]
@@ -446,6 +449,7 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
             };
             write_all_or_nothing(&[(fname.clone(), out.as_slice())])?;
         }
+        EcCmd::Rebuild(r) => return super::ec_rebuild::run(r),
         EcCmd::Bench(b) => {
             engine(&args)?;
             let mut km: Vec<(usize, usize)> = b.k.iter().map(|&k| (k, b.m)).collect();

@@ -8,6 +8,7 @@ pub mod attach;
 pub mod crash_states;
 pub mod crush;
 pub mod ec;
+pub mod ec_rebuild;
 pub mod kv;
 pub mod fs;
 pub mod list;

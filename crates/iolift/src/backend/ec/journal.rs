@@ -6,7 +6,7 @@
 //! with the highest sequence number in a slot is the only one that may
 //! not be in place. It is *committed* when every child it names that is
 //! not failed has that entry with its payload intact: then it is written
-//! in place again (the same bytes: harmless if it was already). If one
+//! in place again unless the crc table shows it is there already. If one
 //! is missing, the writer never started writing in place (it waits for
 //! every journal write), so the stripe is as it was before.
 
@@ -72,6 +72,15 @@ impl Inner {
                 });
             if !committed {
                 r.dropped += 1;
+                continue;
+            }
+            // in place already (the crcs are written after the data)
+            let applied = latest.iter().enumerate().all(|(c, e)| match e {
+                Some((eh, _)) if self.writable(c) => (0..eh.crcs.len() as u64)
+                    .all(|i| self.crc(c, eh.stripe, eh.lo / BLOCK + i) == eh.crcs[i as usize]),
+                _ => true,
+            });
+            if applied {
                 continue;
             }
             for (c, e) in latest.iter().enumerate() {

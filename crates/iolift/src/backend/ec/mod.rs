@@ -231,6 +231,17 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
     }))
 }
 
+/// Opens an `ec:` spec without starting a background rebuild (for
+/// `iolift ec rebuild`): the device's state, to rebuild and check.
+pub fn open_offline(spec: &str) -> Result<Arc<Inner>> {
+    let s = BackendSpec::parse(spec)?;
+    if s.kind != "ec" {
+        bail!("{spec:?} is not an ec: backend spec");
+    }
+    s.opts.check(OPTIONS)?;
+    open::start(parse(&s)?)
+}
+
 /// A child's state.
 pub const HEALTHY: u8 = 0;
 /// Lost, failing or replaced: not read, not written, needs a rebuild.

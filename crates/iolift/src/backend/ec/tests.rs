@@ -175,8 +175,16 @@ async fn journal_replays_committed_updates_and_drops_torn_ones() {
         img[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
         std::fs::write(&p, &img).unwrap();
     };
-    for c in 0..6 {
+    let put_old = |c: usize| {
         put(c, geo.chunk_off(0), &old_chunk(c));
+        let mut m = Vec::new();
+        for v in layout::crcs(&old_chunk(c)) {
+            m.extend_from_slice(&v.to_le_bytes());
+        }
+        put(c, geo.meta_off(0, 0), &m);
+    };
+    for c in 0..6 {
+        put_old(c);
     }
     {
         let (d, inner) = open_ec(&s);
@@ -187,13 +195,7 @@ async fn journal_replays_committed_updates_and_drops_torn_ones() {
     // a torn update: one child's journal entry gone and the chunks old
     // again: replay drops it, and the stripe reads as `a` everywhere
     for c in 0..6 {
-        put(c, geo.chunk_off(0), &old_chunk(c));
-        let crcs = layout::crcs(&old_chunk(c));
-        let mut m = Vec::new();
-        for v in crcs {
-            m.extend_from_slice(&v.to_le_bytes());
-        }
-        put(c, geo.meta_off(0, 0), &m);
+        put_old(c);
     }
     put(5, geo.slot_off(0), &[0u8; 4096]);
     let (d, inner) = open_ec(&s);
