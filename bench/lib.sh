@@ -6,11 +6,36 @@
 #   ...; stop_server
 #
 # cpu_ticks PID: utime+stime of PID in clock ticks (/proc/PID/stat).
+# peak_kib PID: the peak resident set (VmHWM) of PID in KiB.
+# start_busy / stop_busy: the competing load of BUSY=1 runs (below).
 
 SERVER_PID=
 
 cpu_ticks() {
     awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+
+peak_kib() {
+    awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"
+}
+
+# BUSY=1: a fixed competing load, `stress-ng --cpu N --cpu-method int64`
+# (N = BUSY_CPUS, default the number of cores: every core has a runnable
+# CPU hog besides the benchmark), started once before the first server and
+# kept running through every job of every server, so the servers, which
+# alternate, meet the same load. int64 is plain integer arithmetic: no
+# memory traffic that would make the load depend on cache sizes.
+BUSY_PID=
+start_busy() {
+    [[ ${BUSY:-0} != 0 ]] || return 0
+    command -v stress-ng >/dev/null || { echo "BUSY=1 needs stress-ng: run scripts/test.sh, which installs it" >&2; exit 1; }
+    stress-ng --cpu "${BUSY_CPUS:-$(nproc)}" --cpu-method int64 --quiet &
+    BUSY_PID=$!
+    sleep 1
+}
+stop_busy() {
+    if [[ -n $BUSY_PID ]]; then kill "$BUSY_PID" 2>/dev/null || true; wait "$BUSY_PID" 2>/dev/null || true; fi
+    BUSY_PID=
 }
 
 # wait_socket NAME SOCKET: until SOCKET exists (10 s at most); exits the

@@ -5,6 +5,8 @@
 #   bench/nbd.sh                 # 3 repeats, 10 s per job
 #   R=5 RUNTIME=5 bench/nbd.sh   # more repeats, shorter jobs
 #   KEEP=1 bench/nbd.sh          # keep the fio JSON files (path printed)
+#   BUSY=1 bench/nbd.sh          # the same under a fixed competing load
+#                                # (stress-ng --cpu <cores>, see bench/lib.sh)
 #
 # Per repeat and server: start a fresh server on a unix socket with a 1 GiB
 # export, fill it with fio (so reads return real data), then run
@@ -19,14 +21,18 @@
 # servers flips every repeat (A B, B A, ...) so drift on a shared machine
 # hits both. Summary: bench/fio_summary.py.
 #
-# iolift runs with its defaults, poll mode included (--poll-us 100, see
+# iolift runs with its defaults, poll mode included (--poll-us auto, see
 # docs/nbd.md). A third server, `alt`, runs every job after each pair:
 # `iolift serve --poll-us 0` (no poll mode; its column shows what poll mode
 # buys and costs), or, with BASE=PATH, another iolift binary (e.g. a build
 # of an earlier commit) with its defaults, so a change is compared with the
 # code before it in the same run (column iolift/alt). ALT=0 skips it. The summary also prints fio's own CPU use at
 # QD32: near 100% of a core, the client is the limit and no server can
-# raise IOPS much.
+# raise IOPS much. After it: each server's peak RSS (VmHWM, median over its
+# runs) and the targets (docs/measurements/nbd.md): on a quiet machine QD1
+# p50 <= 0.5x nbdkit's, QD32 IOPS from two fio processes >= 2x, server CPU
+# per I/O at QD32 <= 0.5x; with BUSY=1 every QD1/QD32 IOPS ratio >= 1.0x
+# and QD1 p99 <= 1.0x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +56,7 @@ WORK=$(mktemp -d /tmp/iolift-bench.XXXXXX)
 . bench/lib.sh
 cleanup() {
     if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    stop_busy
     if [[ -z ${KEEP:-} ]]; then rm -rf "$WORK"; else echo "results kept in $WORK" >&2; fi
 }
 trap cleanup EXIT
@@ -100,16 +107,48 @@ run_one() { # server rep
         echo $((c1 - c0)) >"$WORK/${srv}_${rep}_$1.cpu"
         echo "   $srv rep $rep $1 done" >&2
     done
+    peak_kib "$SERVER_PID" >"$WORK/${srv}_${rep}.rss"
     stop_server
 }
 
-echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)${BUSY:+, BUSY=$BUSY}" >&2
+start_busy
 for rep in $(seq 1 "$R"); do
     if (( rep % 2 )); then order="iolift nbdkit"; else order="nbdkit iolift"; fi
     if [[ ${ALT:-${NOPOLL:-1}} != 0 ]]; then order="$order alt"; fi
     for srv in $order; do run_one "$srv" "$rep"; done
 done
+stop_busy
+echo "== done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 ALT_LABEL="iolift --poll-us 0"
 [[ -n ${BASE:-} ]] && ALT_LABEL="$BASE (defaults)"
-"$PY" bench/fio_summary.py "$WORK" --clk-tck "$(getconf CLK_TCK)" --repeats "$R" --alt-label "$ALT_LABEL"
+"$PY" bench/fio_summary.py "$WORK" --clk-tck "$(getconf CLK_TCK)" --repeats "$R" --alt-label "$ALT_LABEL" \
+    --json "$WORK/summary.json"
+"$PY" - "$WORK" "${BUSY:-0}" <<'EOF'
+import glob, json, os, statistics, sys
+d, busy = sys.argv[1], sys.argv[2] not in ("", "0")
+print()
+print("peak RSS (VmHWM, median over runs, MiB):", ", ".join(
+    "%s %.1f" % (srv, statistics.median(v) / 1024)
+    for srv in ("iolift", "nbdkit", "alt")
+    for v in [[int(open(f).read()) for f in glob.glob(os.path.join(d, srv + "_*.rss"))]] if v))
+s = json.load(open(os.path.join(d, "summary.json")))
+def r(job, key, who="ratio"):
+    return s.get(job, {}).get(key, {}).get(who)
+if busy:
+    t = [(j, "iops", ">= 1.0", lambda x: x >= 1.0) for j in (
+        "randread_4k_qd1", "randwrite_4k_qd1", "randread_4k_qd32", "randwrite_4k_qd32",
+        "randread_4k_qd32x2", "randwrite_4k_qd32x2")]
+    t += [(j, "p99_us", "<= 1.0", lambda x: x <= 1.0) for j in ("randread_4k_qd1", "randwrite_4k_qd1")]
+else:
+    t = [(j, "p50_us", "<= 0.5", lambda x: x <= 0.5) for j in ("randread_4k_qd1", "randwrite_4k_qd1")]
+    t += [(j, "iops", ">= 2.0", lambda x: x >= 2.0) for j in ("randread_4k_qd32x2", "randwrite_4k_qd32x2")]
+    t += [(j, "cpu_us_per_io", "<= 0.5", lambda x: x <= 0.5) for j in ("randread_4k_qd32", "randwrite_4k_qd32")]
+print("targets, %s machine (ratio iolift / nbdkit; alt / nbdkit in brackets):" % ("busy" if busy else "quiet"))
+for job, key, want, ok in t:
+    x, a = r(job, key), r(job, key, "alt_ratio")
+    print("  %-22s %-14s ratio %-5s %-8s want %s  [alt %s]" % (
+        job, key, "-" if x is None else "%.2f" % x,
+        "MET" if x is not None and ok(x) else "not met", want, "-" if a is None else "%.2f" % a))
+EOF

@@ -44,6 +44,7 @@ PACKAGES=(
     git             # tests/fs_workloads: clone, checkout, status on the mount
     bindfs          # bench/fs.sh: the FUSE passthrough file system iolift's mirror is measured against
     rocksdb-tools   # bench/kv.sh: RocksDB's db_bench, the peer of `iolift kv bench`
+    stress-ng       # bench/nbd.sh BUSY=1 and tests/nbd_poll: a fixed competing CPU load
 )
 # ---------------------------------------------------------------------------
 
