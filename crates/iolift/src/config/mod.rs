@@ -11,7 +11,7 @@
 //! max_request = "32M"              # largest read/write payload
 //! max_inflight = "256M"            # bytes of requests in flight, all connections together
 //! threads = 2                      # tokio worker threads
-//! poll_us = 100                    # poll mode budget, microseconds (0 = off)
+//! poll_us = "auto"                 # poll mode: "auto" or a budget in microseconds (0 = off)
 //! coalesce_us = 50                 # longest coalescing pause, microseconds (0 = off)
 //! default_export = "disk"          # the export answering to the empty name
 //! stages = ["cache:size=64M"]      # stacked on every export (first = top)
@@ -32,6 +32,7 @@
 //! any `--fuse` replaces the file's `fuse` list. Unknown fields are errors
 //! naming the field.
 
+pub mod poll;
 pub mod ublk;
 
 use crate::export::ExportPlan;
@@ -54,10 +55,9 @@ pub use crate::nbd::DEFAULT_MAX_REQUEST;
 pub const DEFAULT_THREADS: usize = 2;
 /// FUSE reader threads per mounted file.
 pub const DEFAULT_FUSE_THREADS: usize = 2;
-/// Poll mode's budget unless told otherwise: covers a local client's turn
-/// around at queue depth 1 (tens of microseconds), while the gap and burst
-/// rules keep it off for slower backends and deep queues (nbd/poll.rs).
-pub const DEFAULT_POLL_US: u64 = 100;
+/// Poll mode unless told otherwise: adaptive (`config/poll.rs`,
+/// `nbd/adapt.rs`).
+pub use poll::{PollSetting, DEFAULT_POLL};
 /// Longest coalescing pause unless told otherwise (nbd/coalesce.rs): a few
 /// requests' worth of a busy client's time.
 pub const DEFAULT_COALESCE_US: u64 = 50;
@@ -106,13 +106,15 @@ pub struct Flags {
     /// Tokio worker threads [default: 2].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// Poll mode: a connection's reader retries its socket for up to N
-    /// microseconds before sleeping (max 10000; 0 = off) [default: 100].
-    /// Saves a wake-up per request at low queue depth; costs CPU while a
-    /// client waits for each reply. Off by itself for deep queues and for
-    /// waits longer than half the budget.
-    #[arg(long, value_name = "N")]
-    pub poll_us: Option<u64>,
+    /// Poll mode: a connection's reader retries its socket before sleeping,
+    /// saving a wake-up per request at low queue depth at the cost of CPU.
+    /// "auto" [default]: the budget follows the connection's waits (20 to
+    /// 1000 us) and polling backs off while it is descheduled, finds no
+    /// data, or the machine has more runnable threads than cores. N: a
+    /// fixed budget of N microseconds (max 10000; 0 = off). Either way off
+    /// for deep queues and for waits longer than half the budget.
+    #[arg(long, value_name = "auto|N")]
+    pub poll_us: Option<PollSetting>,
     /// Coalescing: while a client has at least 12 of our replies still to
     /// read, the reader waits up to N microseconds before reading its next
     /// requests, so that they come in larger batches (max 1000; 0 = off)
@@ -162,7 +164,7 @@ pub struct Config {
     pub max_request: Option<SizeValue>,
     pub max_inflight: Option<SizeValue>,
     pub threads: Option<usize>,
-    pub poll_us: Option<u64>,
+    pub poll_us: Option<PollSetting>,
     pub coalesce_us: Option<u64>,
     pub default_export: Option<String>,
     #[serde(default)]
@@ -217,8 +219,8 @@ impl Config {
             parse_tcp_addr(t).context("tcp")?;
         }
         threads(self.threads).context("threads")?;
-        if let Some(n) = self.poll_us {
-            poll_us(n).context("poll_us")?;
+        if let Some(p) = self.poll_us {
+            p.check().context("poll_us")?;
         }
         if let Some(n) = self.coalesce_us {
             coalesce_us(n).context("coalesce_us")?;
@@ -276,8 +278,8 @@ pub struct Settings {
     /// Server-wide cap on bytes of requests in flight.
     pub max_inflight: u64,
     pub threads: usize,
-    /// Poll-mode budget per read, microseconds (0 = off).
-    pub poll_us: u64,
+    /// Poll mode: adaptive or a fixed budget per read (0 = off).
+    pub poll_us: PollSetting,
     /// Longest coalescing pause, microseconds (0 = off).
     pub coalesce_us: u64,
     pub pidfile: Option<PathBuf>,
@@ -369,9 +371,9 @@ impl Settings {
             None => cfg.threads.unwrap_or(DEFAULT_THREADS),
         };
         let poll_us = match (f.poll_us, cfg.poll_us) {
-            (Some(n), _) => poll_us(n).context("--poll-us")?,
-            (None, Some(n)) => n,
-            (None, None) => DEFAULT_POLL_US,
+            (Some(p), _) => p.check().context("--poll-us")?,
+            (None, Some(p)) => p,
+            (None, None) => DEFAULT_POLL,
         };
         let coalesce_us = match (f.coalesce_us, cfg.coalesce_us) {
             (Some(n), _) => coalesce_us(n).context("--coalesce-us")?,
@@ -476,12 +478,6 @@ fn us_at_most(n: u64, max: std::time::Duration) -> Result<u64> {
         bail!("{n} us is more than the maximum of {max} us");
     }
     Ok(n)
-}
-
-/// The poll-mode budget: 0 (off) up to 10 ms; past that sleeping is
-/// cheaper than spinning.
-pub fn poll_us(n: u64) -> Result<u64> {
-    us_at_most(n, crate::nbd::poll::MAX_POLL)
 }
 
 /// The longest coalescing pause: 0 (off) up to 1 ms.

@@ -96,7 +96,7 @@ fn settings_defaults() {
     assert_eq!(s.socket, Some(PathBuf::from(DEFAULT_SOCKET)));
     assert_eq!(s.tcp, None);
     assert_eq!(s.max_request, 32 << 20);
-    assert_eq!(s.poll_us, DEFAULT_POLL_US);
+    assert_eq!(s.poll_us, DEFAULT_POLL);
     assert_eq!(s.coalesce_us, DEFAULT_COALESCE_US);
     assert_eq!(s.threads, 2);
     assert!(s.fuse.is_empty());
@@ -108,21 +108,21 @@ fn settings_defaults() {
 fn settings_merge() {
     let a = Flags::default();
     let cfg = Config {
-        poll_us: Some(0),
+        poll_us: Some(PollSetting::Fixed(0)),
         ..Default::default()
     };
     assert_eq!(
         Settings::merge(&a, &cfg).unwrap().poll_us,
-        0,
+        PollSetting::Fixed(0),
         "poll_us = 0 turns it off"
     );
     let a0 = Flags {
-        poll_us: Some(7),
+        poll_us: Some(PollSetting::Fixed(7)),
         ..Default::default()
     };
     assert_eq!(
         Settings::merge(&a0, &cfg).unwrap().poll_us,
-        7,
+        PollSetting::Fixed(7),
         "the flag beats the file"
     );
     let cfg = Config {
@@ -291,7 +291,7 @@ fn settings_flag_errors_name_the_flag() {
         ),
         (
             Flags {
-                poll_us: Some(20_000),
+                poll_us: Some(PollSetting::Fixed(20_000)),
                 ..Default::default()
             },
             "--poll-us",

@@ -58,7 +58,7 @@ pub fn start<'a>(
             ServerCfg {
                 max_request: s.max_request,
                 max_inflight: s.max_inflight,
-                poll: Duration::from_micros(s.poll_us),
+                poll: s.poll_us.mode(),
                 poll_spinners: s.threads.saturating_sub(1).max(1),
                 coalesce: Duration::from_micros(s.coalesce_us),
                 ..ServerCfg::default()

@@ -36,7 +36,12 @@ pub async fn serve<R, W>(
     R: AsyncRead + RawSocket + Unpin + Send + 'static,
     W: ReplyWriter,
 {
-    let rd = Polled::new(rd, server.cfg.poll, server.spin_gate.clone());
+    let rd = Polled::new(
+        rd,
+        server.cfg.poll,
+        server.spin_gate.clone(),
+        server.load.clone(),
+    );
     let mut rd = BufReader::with_capacity(HANDSHAKE_BUF, rd);
     let hs = handshake(&server, &mut rd, &mut wr);
     let neg = tokio::select! {

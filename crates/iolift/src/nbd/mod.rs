@@ -9,8 +9,10 @@
 //! - `reader`, request intake: headers, in-flight cap, payloads,
 //!   submission, and the poll-mode and coalescing decisions;
 //! - `reply`, encoding and the three reply paths;
-//! - [`recv`], the receive buffer; [`poll`], poll mode; [`coalesce`],
-//!   pauses at deep queue depths;
+//! - [`recv`], the receive buffer; [`poll`], poll mode (`adapt`, its
+//!   adaptive controller; `sysload`, what the controller measures;
+//!   `poll_stats`, its metrics); [`coalesce`], pauses at deep queue
+//!   depths;
 //! - this file: exports, listeners, accept loops and shutdown.
 //!
 //! A request's path: the socket is read in 64 KiB chunks into one
@@ -29,14 +31,17 @@
 //! the client keeps many requests coming and has many replies to read
 //! (`coalesce`). See `docs/nbd.md`.
 
+mod adapt;
 pub mod coalesce;
 pub mod conn;
 mod handshake;
 pub mod poll;
+mod poll_stats;
 pub mod proto;
 mod reader;
 pub mod recv;
 mod reply;
+mod sysload;
 pub mod wire;
 
 #[cfg(test)]
@@ -72,9 +77,9 @@ pub struct ServerCfg {
     pub max_inflight: u64,
     /// A client must finish the handshake within this.
     pub handshake_timeout: Duration,
-    /// Poll mode: a connection's reader retries its socket this long
-    /// before sleeping (zero: off). See `poll.rs`.
-    pub poll: Duration,
+    /// Poll mode: whether and how long a connection's reader retries its
+    /// socket before sleeping. See `poll.rs`.
+    pub poll: poll::PollMode,
     /// Poll mode: how many connections may poll at once (see
     /// `poll::SpinGate`); `serve` allows one fewer than its worker threads.
     pub poll_spinners: usize,
@@ -90,7 +95,7 @@ impl Default for ServerCfg {
             inflight_bytes: 64 << 20,
             max_inflight: DEFAULT_MAX_INFLIGHT,
             handshake_timeout: Duration::from_secs(30),
-            poll: Duration::ZERO,
+            poll: poll::PollMode::Off,
             poll_spinners: 1,
             coalesce: Duration::ZERO,
         }
@@ -105,6 +110,9 @@ pub struct Server {
     pub cfg: ServerCfg,
     /// Poll mode: the connections' shared places to poll in.
     pub spin_gate: Arc<poll::SpinGate>,
+    /// Adaptive poll mode: the machine's runnable threads, sampled now and
+    /// then for every connection.
+    pub load: Arc<sysload::LoadSampler>,
     /// The server-wide in-flight budget (`cfg.max_inflight` bytes, at most
     /// `Semaphore::MAX_PERMITS`); tokio's semaphore serves waiting readers
     /// in the order they asked.
@@ -123,6 +131,7 @@ impl Server {
             exports: exports.into_iter().map(Into::into).collect(),
             default_export,
             spin_gate: poll::SpinGate::new(cfg.poll_spinners.max(1)),
+            load: Arc::new(sysload::LoadSampler::new()),
             budget: Arc::new(tokio::sync::Semaphore::new(budget_bytes(&cfg))),
             cfg,
         }

@@ -1,5 +1,5 @@
-//! Poll mode for a connection's read side (`serve --poll-us N`, 100 us by
-//! default, 0 turns it off).
+//! Poll mode for a connection's read side (`serve --poll-us auto|N`:
+//! adaptive by default, a fixed budget of N us, 0 turns it off).
 //!
 //! Normally a connection's reader sleeps in epoll when the socket is empty
 //! and the kernel wakes it when the client sends: one scheduler wake-up per
@@ -15,7 +15,11 @@
 //! It only polls where that pays (see [`Polled`] and [`SpinGate`]): at a
 //! request boundary, while recent waits fit half the budget, while the
 //! connection does not see bursts of requests, and while a runtime worker
-//! is left for the other connections.
+//! is left for the other connections. In adaptive mode the budget follows
+//! the waits and a per-connection controller (`nbd/adapt.rs`) backs off
+//! while polling costs more than it saves; each poll is measured for it
+//! (`nbd/sysload.rs`), and the state shows in the metrics
+//! (`nbd/poll_stats.rs`).
 //!
 //! Used by `conn.rs`, which wraps each connection's read half in a
 //! [`Polled`], and by the reader (`reader.rs`), which calls
@@ -23,6 +27,9 @@
 //! [`SpinGate`] is the server's (`Server::spin_gate`), shared by every
 //! connection.
 
+use super::adapt::{Controller, PollSample, Verdict};
+use super::poll_stats::{PollState, PollStats};
+use super::sysload::{LoadSampler, ThreadUsage};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
@@ -89,13 +96,29 @@ impl Drop for SpinTicket<'_> {
 /// Longest poll budget accepted: past this, sleeping is cheaper.
 pub const MAX_POLL: Duration = Duration::from_millis(10);
 
+/// How a server's connections poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// Never (`--poll-us 0`).
+    Off,
+    /// Up to this long (`--poll-us N`).
+    Fixed(Duration),
+    /// A budget and a back-off of its own per connection (`nbd/adapt.rs`).
+    Auto,
+}
+
 /// A read half that polls its socket for up to `budget` before sleeping,
 /// while polling pays: the read waits for a new request, its owner allows
 /// it (`at_boundary`) and such waits have lately averaged at most half the
 /// budget. A zero budget is a plain pass-through.
 pub struct Polled<R> {
     inner: R,
+    /// The fixed budget (zero: off); unused in adaptive mode.
     budget: Duration,
+    /// Adaptive mode's controller, and the machine's load it reads.
+    auto: Option<(Controller, Arc<LoadSampler>)>,
+    /// What the metrics show of this connection's polling.
+    stats: Arc<PollStats>,
     spin: bool,
     /// Moving average of how long reads waited for data. Past half the
     /// budget, a poll would often run out and the core it burns is taken from
@@ -117,10 +140,20 @@ pub struct Polled<R> {
 }
 
 impl<R> Polled<R> {
-    pub fn new(inner: R, budget: Duration, gate: Arc<SpinGate>) -> Self {
+    /// `load`: the server's sampler, read in adaptive mode.
+    pub fn new(inner: R, mode: PollMode, gate: Arc<SpinGate>, load: Arc<LoadSampler>) -> Self {
+        let (budget, auto) = match mode {
+            PollMode::Off => (Duration::ZERO, None),
+            PollMode::Fixed(b) => (b.min(MAX_POLL), None),
+            PollMode::Auto => (Duration::ZERO, Some((Controller::new(), load))),
+        };
+        let stats = Arc::new(PollStats::default());
+        stats.set(initial_state(mode), budget.as_micros() as u64);
         Polled {
             inner,
-            budget: budget.min(MAX_POLL),
+            budget,
+            auto,
+            stats,
             spin: true,
             gap: Duration::ZERO,
             waiting: None,
@@ -141,6 +174,62 @@ impl<R> Polled<R> {
         self.boundary = false;
     }
 
+    /// This connection's poll counters (for the metrics).
+    pub fn stats(&self) -> Arc<PollStats> {
+        self.stats.clone()
+    }
+
+    /// Whether this wait may poll, and for how long; records the state.
+    fn decide(&mut self, now: Instant) -> Option<Duration> {
+        let Some((ctl, load)) = &mut self.auto else {
+            return (self.gap * 2 <= self.budget).then_some(self.budget);
+        };
+        let (state, budget) = match ctl.admit(now, self.gap, load.busy(now)) {
+            Verdict::Poll(b) => (PollState::Polling, Some(b)),
+            Verdict::Idle => (PollState::Idle, None),
+            Verdict::Backoff => (PollState::Backoff, None),
+            Verdict::BackoffNow(r) => {
+                self.stats.backed_off(r);
+                (PollState::Backoff, None)
+            }
+        };
+        self.stats
+            .set(state, budget.map_or(0, |b| b.as_micros() as u64));
+        budget
+    }
+
+    /// Polls for up to `budget` (measured for the controller in adaptive
+    /// mode); `None`: nothing came.
+    fn poll_for(
+        &mut self,
+        fd: RawFd,
+        buf: &mut ReadBuf<'_>,
+        budget: Duration,
+    ) -> Option<io::Result<()>> {
+        let gate = self.gate.clone();
+        let _ticket = gate.enter()?;
+        self.polls += 1;
+        let u0 = self.auto.is_some().then(ThreadUsage::now);
+        let t0 = Instant::now();
+        let got = spin(fd, buf, t0 + budget);
+        self.stats.polled(got.is_some());
+        if let (Some((ctl, _)), Some(u0)) = (&mut self.auto, u0) {
+            let u1 = ThreadUsage::now();
+            let now = Instant::now();
+            let s = PollSample {
+                wall: now - t0,
+                cpu: u1.cpu.saturating_sub(u0.cpu),
+                preempted: u1.nivcsw > u0.nivcsw,
+                found: got.is_some(),
+            };
+            if let Some(r) = ctl.observe(now, s) {
+                self.stats.backed_off(r);
+                self.stats.set(PollState::Backoff, 0);
+            }
+        }
+        got
+    }
+
     /// The socket's file descriptor.
     pub fn raw_fd(&self) -> RawFd
     where
@@ -157,6 +246,17 @@ impl<R> Polled<R> {
     pub fn at_boundary(&mut self, spin: bool) {
         self.spin = spin;
         self.boundary = true;
+        if !spin && self.auto.is_some() {
+            self.stats.set(PollState::Idle, 0);
+        }
+    }
+}
+
+fn initial_state(mode: PollMode) -> PollState {
+    match mode {
+        PollMode::Off => PollState::Off,
+        PollMode::Fixed(_) => PollState::Fixed,
+        PollMode::Auto => PollState::Idle,
     }
 }
 
@@ -210,7 +310,8 @@ impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
-        if !me.boundary || !me.spin || me.budget.is_zero() || buf.remaining() == 0 {
+        let off = me.budget.is_zero() && me.auto.is_none();
+        if !me.boundary || !me.spin || off || buf.remaining() == 0 {
             me.waiting = None;
             return Pin::new(&mut me.inner).poll_read(cx, buf);
         }
@@ -221,20 +322,15 @@ impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
         }
         let now = Instant::now();
         let (_, polled) = me.waiting.get_or_insert((now, false));
-        if !*polled && me.gap * 2 <= me.budget {
-            // Whether or not a place is free, this wait polls no more: a
+        if !*polled {
+            // Whether or not it polls now, this wait polls no more: a
             // wake-up means data (or a spurious one), not a new wait.
             *polled = true;
-            let got = match me.gate.enter() {
-                Some(_ticket) => {
-                    me.polls += 1;
-                    spin(fd, buf, now + me.budget)
+            if let Some(budget) = me.decide(now) {
+                if let Some(r) = me.poll_for(fd, buf, budget) {
+                    me.arrived();
+                    return Poll::Ready(r);
                 }
-                None => None,
-            };
-            if let Some(r) = got {
-                me.arrived();
-                return Poll::Ready(r);
             }
         }
         let r = Pin::new(&mut me.inner).poll_read(cx, buf);
@@ -272,6 +368,11 @@ mod tests {
         }
     }
 
+    fn fixed(a: UnixStream, budget: Duration, gate: Arc<SpinGate>) -> Polled<Never> {
+        let load = Arc::new(LoadSampler::new());
+        Polled::new(Never(a), PollMode::Fixed(budget), gate, load)
+    }
+
     fn poll_once(p: &mut Polled<Never>, out: &mut [u8]) -> Poll<io::Result<usize>> {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut rb = ReadBuf::new(out);
@@ -284,7 +385,7 @@ mod tests {
     #[test]
     fn polling_finds_data_sent_within_the_budget_and_gives_up_after_it() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mut p = Polled::new(Never(a), Duration::from_millis(500), SpinGate::new(1));
+        let mut p = fixed(a, Duration::from_millis(500), SpinGate::new(1));
         // A budget far past the writer's delay (and past MAX_POLL, which
         // `new` clamps to), so that a writer thread scheduled late on a
         // loaded machine cannot fail the test.
@@ -304,7 +405,10 @@ mod tests {
         p.budget = Duration::from_millis(2);
         assert!(poll_once(&mut p, &mut buf).is_pending());
         assert_eq!(p.polls, 1);
-        // at a boundary, nothing more comes: the budget runs out, the read waits
+        // at a boundary, nothing more comes: the budget runs out, the read
+        // waits (the first wait's length, which a writer thread scheduled
+        // late makes long, is forgotten: it would keep this one from polling)
+        p.gap = Duration::ZERO;
         p.at_boundary(true);
         let t0 = Instant::now();
         assert!(poll_once(&mut p, &mut buf).is_pending());
@@ -328,7 +432,7 @@ mod tests {
     #[test]
     fn long_gaps_turn_polling_off_short_ones_back_on() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mut p = Polled::new(Never(a), Duration::from_millis(2), SpinGate::new(1));
+        let mut p = fixed(a, Duration::from_millis(2), SpinGate::new(1));
         let mut buf = [0u8; 16];
         p.gap = Duration::from_secs(1);
         assert!(poll_once(&mut p, &mut buf).is_pending());
@@ -354,7 +458,12 @@ mod tests {
     async fn polled_reads_see_data_sent_during_and_after_the_budget() {
         let (a, b) = tokio::net::UnixStream::pair().unwrap();
         let (r, _w) = a.into_split();
-        let mut r = Polled::new(r, Duration::from_millis(2), SpinGate::new(1));
+        let mut r = Polled::new(
+            r,
+            PollMode::Fixed(Duration::from_millis(2)),
+            SpinGate::new(1),
+            Arc::new(LoadSampler::new()),
+        );
         let (_br, mut bw) = b.into_split();
         let t = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(200)).await;
@@ -378,7 +487,7 @@ mod tests {
     fn a_full_gate_stops_polling() {
         let (a, mut b) = UnixStream::pair().unwrap();
         let gate = SpinGate::new(1);
-        let mut p = Polled::new(Never(a), Duration::from_millis(200), gate.clone());
+        let mut p = fixed(a, Duration::from_millis(200), gate.clone());
         // Past MAX_POLL (which `new` clamps to): a poll through the full
         // gate would take this long, and a writer thread scheduled late on
         // a loaded machine still lands within it.
@@ -413,7 +522,7 @@ mod tests {
     fn budget_is_capped() {
         let (a, _b) = UnixStream::pair().unwrap();
         assert_eq!(
-            Polled::new(Never(a), Duration::from_secs(5), SpinGate::new(1)).budget,
+            fixed(a, Duration::from_secs(5), SpinGate::new(1)).budget,
             MAX_POLL
         );
     }

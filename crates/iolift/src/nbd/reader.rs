@@ -44,6 +44,7 @@
 use super::coalesce::Coalesce;
 use super::handshake::Negotiated;
 use super::poll::{Polled, RawSocket};
+use super::poll_stats::ConnPollMetrics;
 use super::proto::*;
 use super::recv::{self, RecvBuf};
 use super::reply::{
@@ -110,6 +111,8 @@ pub(super) async fn transmission<R, W>(
     let mut burst = 0u32;
     let mut quiet = 0u32;
     let mut co = Coalesce::new(server.cfg.coalesce);
+    // This connection's poll state in the metrics, until it ends.
+    let _metrics = ConnPollMetrics::register(&neg.export.name, rd.get_mut().stats());
     loop {
         // Only wait on shutdown when the next header is not buffered yet.
         let r = if rd.buffered() >= REQUEST_LEN {

@@ -1,0 +1,168 @@
+//! Poll mode in the metrics: a live server, a real client (fio's nbd
+//! engine at queue depth 1, where poll mode acts), and the per-connection
+//! series of `--metrics` (`iolift_nbd_poll_*`, see docs/nbd.md).
+//!
+//! Needs fio (with its nbd engine) and, for the busy case, stress-ng:
+//! both in scripts/test.sh's package list.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+fn scrape(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect to metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let (head, body) = r.split_once("\r\n\r\n").expect("HTTP reply");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    body.to_string()
+}
+
+/// Samples of `family` as (labels, value).
+fn samples(body: &str, family: &str) -> Vec<(String, f64)> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
+        .filter_map(|l| {
+            let (labels, v) = l.rsplit_once("} ")?;
+            Some((labels.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The connection's current state: the one `state` label with value 1.
+fn states_now(body: &str) -> Vec<String> {
+    samples(body, "iolift_nbd_poll_state")
+        .into_iter()
+        .filter(|(_, v)| *v == 1.0)
+        .map(|(l, _)| {
+            let s = l.split("state=\"").nth(1).expect("state label");
+            s[..s.find('"').unwrap()].to_string()
+        })
+        .collect()
+}
+
+fn sum(body: &str, family: &str, label: &str) -> f64 {
+    samples(body, family)
+        .into_iter()
+        .filter(|(l, _)| l.contains(label))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// fio 4k randread at queue depth 1 for `secs`, in the background.
+fn fio_qd1(uri: &str, secs: u32) -> Child {
+    cmd("fio")
+        .args([
+            "--name=qd1",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randread",
+            "--bs=4k",
+            "--iodepth=1",
+            "--size=16M",
+            "--time_based",
+            &format!("--runtime={secs}"),
+            "--output=/dev/null",
+        ])
+        .spawn()
+        .expect("start fio")
+}
+
+/// Starts a server with `args`, runs a QD1 client for 3 s and returns the
+/// metrics scraped 1.5 s into it and after it ended.
+fn scrape_during_qd1(args: &[&str], busy: bool) -> (String, String) {
+    require_tool("fio");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let srv = ServerBuilder::iolift()
+        .args(["--metrics", &addr])
+        .args(args.iter().copied())
+        .backend("memory:16M")
+        .start();
+    let mut hog: Option<Child> = busy.then(|| {
+        require_tool("stress-ng");
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+        cmd("stress-ng")
+            .args(["--cpu", &n.to_string(), "--cpu-method", "int64", "--quiet"])
+            .spawn()
+            .expect("start stress-ng")
+    });
+    if busy {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut fio = fio_qd1(&srv.uri(), 3);
+    // Until fio's connection shows up (fio starts slowly on a busy machine).
+    let t0 = Instant::now();
+    let mut during = scrape(&addr);
+    while states_now(&during).is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+        during = scrape(&addr);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    during = scrape(&addr);
+    let st = fio.wait().expect("fio");
+    if let Some(h) = hog.as_mut() {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    assert!(st.success(), "fio failed; server: {}", srv.stderr());
+    (during, scrape(&addr))
+}
+
+#[test]
+fn metrics_report_each_poll_mode_per_connection() {
+    let _g = heavy();
+    // --poll-us 0: off, no polls
+    let (during, after) = scrape_during_qd1(&["--poll-us", "0"], false);
+    assert_eq!(states_now(&during), ["off"], "{during}");
+    assert_eq!(sum(&during, "iolift_nbd_polls_total", "result"), 0.0);
+    assert!(
+        samples(&during, "iolift_nbd_poll_state")
+            .iter()
+            .all(|(l, _)| l.starts_with("stage=\"nbd\",instance=\"") && l.contains("export=\"\"")),
+        "{during}"
+    );
+    // the connection's series go when it ends
+    assert!(states_now(&after).is_empty(), "{after}");
+
+    // --poll-us 50: fixed, with its budget
+    let (during, _) = scrape_during_qd1(&["--poll-us", "50"], false);
+    assert_eq!(states_now(&during), ["fixed"], "{during}");
+    assert_eq!(sum(&during, "iolift_nbd_poll_budget_us", "export"), 50.0);
+
+    // default: adaptive, in one of its own states; a poll's budget stays
+    // within the automatic bounds (20-1000 us) or is 0 when not polling
+    let (during, _) = scrape_during_qd1(&[], false);
+    let st = states_now(&during);
+    assert!(
+        st.len() == 1 && ["polling", "idle", "backoff"].contains(&st[0].as_str()),
+        "{during}"
+    );
+    let b = sum(&during, "iolift_nbd_poll_budget_us", "export");
+    assert!(
+        b == 0.0 || (20.0..=1000.0).contains(&b),
+        "budget {b}:\n{during}"
+    );
+    if st[0] == "polling" {
+        assert!(b >= 20.0, "{during}");
+    }
+}
+
+/// With a CPU hog on every core (more runnable threads than cores), the
+/// adaptive default backs off for the load and stays off while it lasts.
+#[test]
+fn adaptive_poll_backs_off_on_a_busy_machine() {
+    let _g = heavy();
+    let (during, _) = scrape_during_qd1(&["--poll-us", "auto"], true);
+    assert!(
+        sum(&during, "iolift_nbd_poll_backoffs_total", "reason=\"load\"") >= 1.0,
+        "{during}"
+    );
+    assert_eq!(states_now(&during), ["backoff"], "{during}");
+    assert_eq!(sum(&during, "iolift_nbd_poll_budget_us", "export"), 0.0);
+}
