@@ -200,3 +200,54 @@ fn bad_images_fail_at_start_with_the_reason() {
 fn cmd_iolift() -> std::process::Command {
     std::process::Command::new(iolift_bin())
 }
+
+#[test]
+fn snapshot_cli_then_served_writes_keep_the_snapshot() {
+    let mut b = ServerBuilder::iolift();
+    let img = qimg_create(b.dir(), "s.qcow2", "8M", "");
+    run_ok(
+        cmd("qemu-io")
+            .args(["-f", "qcow2", "-c", "write -P 0x21 0 3M"])
+            .arg(&img),
+    );
+    let path = img.display().to_string();
+    run_ok(cmd_iolift().args(["qcow2", "snapshot", "create", &path, "before"]));
+    let o = run_ok(cmd_iolift().args(["qcow2", "snapshot", "list", &path]));
+    assert!(o.stdout.contains("before"), "{}", o.stdout);
+    let o = run_fail(cmd_iolift().args(["qcow2", "snapshot", "create", &path, "before"]));
+    assert!(o.all().contains("exists"), "{}", o.report());
+    assert_clean(&img);
+    // served and written: copy-on-write keeps the snapshot's bytes
+    let mut srv = serve(b, &img, ",cache=2");
+    run_ok(cmd("qemu-io").args(["-f", "raw", "-c", "write -P 0x22 1M 2M", &srv.uri()]));
+    assert!(srv.stop().success(), "{}", srv.stderr());
+    assert_clean(&img);
+    let snap = srv.dir().join("snap.raw");
+    run_ok(
+        cmd("qemu-img")
+            .args(["convert", "-O", "raw", "-l", "snapshot.name=before"])
+            .arg(&img)
+            .arg(&snap),
+    );
+    let s = std::fs::read(&snap).unwrap();
+    assert!(
+        s[..3 << 20].iter().all(|&x| x == 0x21),
+        "the snapshot changed"
+    );
+    run_ok(
+        cmd("qemu-io")
+            .args([
+                "-f",
+                "qcow2",
+                "-c",
+                "read -P 0x22 1M 2M",
+                "-c",
+                "read -P 0x21 0 1M",
+            ])
+            .arg(&img),
+    );
+    run_ok(cmd_iolift().args(["qcow2", "snapshot", "delete", &path, "before"]));
+    let o = run_ok(cmd("qemu-img").args(["snapshot", "-l"]).arg(&img));
+    assert!(!o.stdout.contains("before"), "{}", o.stdout);
+    assert_clean(&img);
+}

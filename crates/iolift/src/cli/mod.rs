@@ -14,6 +14,7 @@ pub mod fs;
 pub mod list;
 pub mod offload;
 pub mod osdmap;
+pub mod qcow2;
 pub mod serve;
 
 #[derive(Parser, Debug)]
@@ -53,6 +54,8 @@ pub enum Cmd {
     Osdmap(osdmap::OsdmapArgs),
     /// Offload engine: devices and kernels (info, kernels).
     Offload(offload::OffloadArgs),
+    /// qcow2 images: internal snapshots (list, create, delete) offline.
+    Qcow2(qcow2::Qcow2Args),
     /// AccelFS on the io_uring engine: mkfs, fsck, ls, mkdir, rm, cp-in, cp-out.
     Accelfs(accelfs::AccelfsArgs),
     /// Key-value store on AccelFS (rusty-leveldb): db_bench-style bench, dump.
@@ -80,6 +83,7 @@ pub fn main() -> ExitCode {
         Cmd::Backends(a) => list::run_backends(a),
         Cmd::Osdmap(a) => osdmap::run(a),
         Cmd::Offload(a) => offload::run(a),
+        Cmd::Qcow2(a) => qcow2::run(a),
         Cmd::Accelfs(a) => accelfs::run(a),
         Cmd::Kv(a) => kv::run(a),
         Cmd::Fs(a) => fs::run(a),
