@@ -91,7 +91,8 @@ impl Fs {
         if !cache.contains_key(&blk) {
             let b = self.dev.read(blk)?;
             if cache.len() >= IND_CACHE_BLOCKS {
-                cache.clear();
+                let pending = self.ind_defer.as_deref().unwrap_or(&[]);
+                cache.retain(|b, _| pending.contains(b));
             }
             cache.insert(blk, b);
         }
@@ -153,14 +154,18 @@ impl Fs {
         };
         let at = i as usize * 8;
         b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        if let Some(pending) = &mut self.ind_defer {
+            // Written at the end of the batch (writeback.rs).
+            if !pending.contains(&blk) {
+                pending.push(blk);
+            }
+            self.ind_cache_put(blk, b);
+            return Ok(blk);
+        }
         let mut copy = AlignedBuf::new(self.dev.bs);
         copy.copy_from_slice(&b);
         self.dev.write(blk, b)?;
-        let cache = self.ind_cache.get_mut();
-        if cache.len() >= IND_CACHE_BLOCKS {
-            cache.clear();
-        }
-        cache.insert(blk, copy);
+        self.ind_cache_put(blk, copy);
         Ok(blk)
     }
 

@@ -120,29 +120,14 @@ impl Fs {
     pub(super) fn make_room(&mut self, f: &mut File) -> io::Result<()> {
         if let Some((fb, data, dirty)) = f.cache.evict_if_full() {
             if dirty {
-                self.write_back(f, fb, data)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes one dirty block: its data first, then (for a new block) the
-    /// pointer to it (rules 1, 2).
-    pub(super) fn write_back(&mut self, f: &mut File, fb: u64, data: AlignedBuf) -> io::Result<()> {
-        if (fb + 1) * self.dev.bs as u64 > f.trusted {
-            f.written_past.insert(fb);
-        }
-        match self.bmap(&f.inode, fb)? {
-            Some(phys) => {
-                self.dev.write(phys, data)?;
-            }
-            None => {
-                let phys = self.alloc_block()?;
-                self.dev.write(phys, data)?;
-                let mut n = f.inode.clone();
-                self.set_ptr(&mut n, fb, phys)?;
-                f.inode = n;
-                f.inode_dirty = true;
+                // The other dirty blocks go in the same batch and stay
+                // cached, clean.
+                let mut batch = vec![(fb, data)];
+                for d in f.cache.dirty_blocks() {
+                    let copy = f.cache.copy_and_clean(d).expect("dirty block cached");
+                    batch.push((d, copy));
+                }
+                self.write_back_batch(f, batch)?;
             }
         }
         Ok(())
@@ -163,10 +148,12 @@ impl Fs {
                 }
             }
         }
+        let mut batch = Vec::new();
         for fb in f.cache.dirty_blocks() {
             let copy = f.cache.copy_and_clean(fb).expect("dirty block cached");
-            self.write_back(f, fb, copy)?;
+            batch.push((fb, copy));
         }
+        self.write_back_batch(f, batch)?;
         if f.inode_dirty {
             self.put_inode(f.ino, &f.inode)?;
             f.inode_dirty = false;

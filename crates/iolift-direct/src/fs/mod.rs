@@ -39,6 +39,7 @@ pub mod fsck;
 pub mod layout;
 mod mkfs;
 mod rename;
+mod writeback;
 
 pub use mkfs::mkfs;
 
@@ -190,6 +191,9 @@ pub struct Fs {
     /// contents, at most [`IND_CACHE_BLOCKS`]; an entry goes when its
     /// block is freed.
     ind_cache: std::cell::RefCell<std::collections::HashMap<u64, AlignedBuf>>,
+    /// While a batch sets pointers: the indirect blocks changed in the
+    /// cache only, to write once at its end (see writeback.rs).
+    ind_defer: Option<Vec<u64>>,
 }
 
 impl Fs {
@@ -227,6 +231,7 @@ impl Fs {
             cache_blocks: DEFAULT_CACHE_BLOCKS,
             alloc_next: 0,
             ind_cache: Default::default(),
+            ind_defer: None,
         };
         let root = fs.inode(ROOT)?;
         if root.kind != KIND_DIR {

@@ -1,0 +1,179 @@
+//! Batched write-back: a file's dirty blocks reach the disk together, in
+//! the crash order of the module above. New blocks are allocated in one
+//! pass over the bitmap, each bitmap block written once (rule 1); the data
+//! blocks are written in one batch of requests and waited for (rule 2);
+//! then the pointers: the indirect blocks they change are updated in
+//! memory and each written once, the blocks a double-indirect block points
+//! to before it (rule 2); the inode follows at the sync (rule 5).
+
+use super::layout::*;
+use super::{File, Fs, IND_CACHE_BLOCKS};
+use crate::buf::{AlignedBuf, Buf};
+use crate::engine::Op;
+use std::io;
+
+impl Fs {
+    /// Writes `blocks` (file block, contents) of `f`.
+    pub(super) fn write_back_batch(
+        &mut self,
+        f: &mut File,
+        blocks: Vec<(u64, AlignedBuf)>,
+    ) -> io::Result<()> {
+        let bs = self.dev.bs as u64;
+        let mut writes = Vec::with_capacity(blocks.len());
+        let mut new = Vec::new();
+        for (fb, data) in blocks {
+            if (fb + 1) * bs > f.trusted {
+                f.written_past.insert(fb);
+            }
+            match self.bmap(&f.inode, fb)? {
+                Some(phys) => writes.push((phys, data)),
+                None => new.push((fb, data)),
+            }
+        }
+        let phys = self.alloc_blocks(new.len())?;
+        let mut ptrs = Vec::with_capacity(new.len());
+        for ((fb, data), p) in new.into_iter().zip(phys) {
+            writes.push((p, data));
+            ptrs.push((fb, p));
+        }
+        self.dev.write_many(writes)?;
+        if !ptrs.is_empty() {
+            let mut n = f.inode.clone();
+            self.ind_defer = Some(Vec::new());
+            let r = ptrs
+                .iter()
+                .try_for_each(|&(fb, p)| self.set_ptr(&mut n, fb, p));
+            let pending = self.ind_defer.take().unwrap_or_default();
+            if let Err(e) = r {
+                for b in &pending {
+                    self.ind_cache.get_mut().remove(b);
+                }
+                return Err(e);
+            }
+            self.write_pending(&n, pending)?;
+            f.inode = n;
+            f.inode_dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Writes the indirect blocks changed in memory: the double-indirect
+    /// block of `n` last, after the blocks it points to.
+    fn write_pending(&mut self, n: &Inode, pending: Vec<u64>) -> io::Result<()> {
+        let copy = |fs: &Self, b: u64| {
+            let c = fs.ind_cache.borrow();
+            let mut a = AlignedBuf::new(fs.dev.bs);
+            a.copy_from_slice(&c[&b]);
+            (b, a)
+        };
+        let (top, rest): (Vec<u64>, Vec<u64>) =
+            pending.into_iter().partition(|&b| b == n.dindirect);
+        let first: Vec<_> = rest.iter().map(|&b| copy(self, b)).collect();
+        let second: Vec<_> = top.iter().map(|&b| copy(self, b)).collect();
+        let r = self
+            .dev
+            .write_many(first)
+            .and_then(|_| self.dev.write_many(second));
+        if r.is_err() {
+            // What the disk holds is not known: read it again next time.
+            let c = self.ind_cache.get_mut();
+            for b in rest.iter().chain(&top) {
+                c.remove(b);
+            }
+        }
+        r
+    }
+
+    /// Allocates `n` data blocks: marked used on disk (each bitmap block
+    /// written once) before they are returned (rule 1). Next fit, as
+    /// [`Fs::alloc_block`].
+    pub(super) fn alloc_blocks(&mut self, n: usize) -> io::Result<Vec<u64>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (start, end) = (self.sb.data_start as u64, self.sb.blocks);
+        let from = self.alloc_next.clamp(start, end);
+        let got: Vec<u64> = (from..end)
+            .chain(start..from)
+            .filter(|&b| !self.is_used(b))
+            .take(n)
+            .collect();
+        if got.len() < n {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "file system full",
+            ));
+        }
+        let per_bitmap_block = self.dev.bs as u64 * 8;
+        let mut touched: Vec<u64> = Vec::new();
+        for &b in &got {
+            self.bitmap[(b / 8) as usize] |= 1 << (b % 8);
+            let blk = b / per_bitmap_block;
+            if !touched.contains(&blk) {
+                touched.push(blk);
+            }
+        }
+        let mut writes = Vec::with_capacity(touched.len());
+        for blk in touched {
+            let at = blk as usize * self.dev.bs;
+            let mut a = AlignedBuf::new(self.dev.bs);
+            a.copy_from_slice(&self.bitmap[at..at + self.dev.bs]);
+            writes.push((self.sb.bitmap_start as u64 + blk, a));
+        }
+        if let Err(e) = self.dev.write_many(writes) {
+            for &b in &got {
+                self.bitmap[(b / 8) as usize] &= !(1 << (b % 8));
+            }
+            return Err(e);
+        }
+        self.alloc_next = got.last().unwrap() + 1;
+        Ok(got)
+    }
+
+    /// Puts an indirect block into the cache, making room among the
+    /// blocks that are not waiting to be written.
+    pub(super) fn ind_cache_put(&mut self, blk: u64, data: AlignedBuf) {
+        let pending = self.ind_defer.clone().unwrap_or_default();
+        let c = self.ind_cache.get_mut();
+        if c.len() >= IND_CACHE_BLOCKS && !c.contains_key(&blk) {
+            c.retain(|b, _| pending.contains(b));
+        }
+        c.insert(blk, data);
+    }
+}
+
+impl super::Dev {
+    /// Writes whole blocks in one batch of requests and waits for all.
+    pub fn write_many(&self, blocks: Vec<(u64, AlignedBuf)>) -> io::Result<()> {
+        let mut waits = Vec::with_capacity(blocks.len());
+        let mut ops = Vec::with_capacity(blocks.len());
+        for (b, data) in blocks {
+            let (tx, rx) = crate::slot::pair::<crate::engine::Done>();
+            ops.push((
+                Op::Write {
+                    offset: b * self.bs as u64,
+                    buf: Buf::Aligned(data),
+                },
+                Box::new(move |d| tx.set(d)) as crate::engine::Callback,
+            ));
+            waits.push((b, rx));
+        }
+        self.eng.submit_batch(ops);
+        let mut first_err = None;
+        for (b, rx) in waits {
+            let d = rx.wait();
+            let r = match d.result() {
+                Ok(n) if n == self.bs => Ok(()),
+                Ok(n) => Err(io::Error::other(format!(
+                    "block {b}: short write ({n} bytes)"
+                ))),
+                Err(e) => Err(super::io_ctx(e, &format!("write of block {b}"))),
+            };
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
