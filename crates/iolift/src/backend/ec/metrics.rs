@@ -24,6 +24,8 @@ pub struct EcMetrics {
     pub stripe_writes: AtomicU64,
     /// Journal updates written again at open.
     pub replayed: AtomicU64,
+    /// Stripes whose parity the offload engine computed (`device=gpu`).
+    pub offloaded: AtomicU64,
 }
 
 const HEADERS: &[(&str, &str, &str)] = &[
@@ -93,6 +95,7 @@ impl EcMetrics {
             failures: AtomicU64::new(0),
             stripe_writes: AtomicU64::new(0),
             replayed: AtomicU64::new(0),
+            offloaded: AtomicU64::new(0),
         });
         metrics::register(m.clone());
         m
@@ -138,6 +141,7 @@ impl MetricSource for EcMetrics {
             ("iolift_ec_child_failures_total", &self.failures),
             ("iolift_ec_stripe_writes_total", &self.stripe_writes),
             ("iolift_ec_journal_replayed_total", &self.replayed),
+            ("iolift_ec_offloaded_stripes_total", &self.offloaded),
         ] {
             self.id.sample(out, fam, &[], v.load(Relaxed));
         }

@@ -191,6 +191,7 @@ impl Inner {
         let (k, m) = (self.geo.k, self.geo.m);
         if let Some(g) = &self.gpu {
             if len as u64 == self.geo.chunk {
+                self.metrics.offloaded.fetch_add(1, Ordering::Relaxed);
                 return g.encode(stripe).await;
             }
         }
