@@ -469,6 +469,11 @@ fn bad_arguments_fail_with_a_clear_message() {
         &["null", t, "--passthrough"],
         "--passthrough needs the mirror",
     );
+    let m = format!("mirror:{t}");
+    bad(
+        &[&m, t, "--passthrough", "--writeback-cache"],
+        "do not go together",
+    );
     assert!(!is_mounted(tmp.path()));
 }
 

@@ -93,6 +93,9 @@ fn mount(a: MountArgs) -> Result<ExitCode> {
     if a.passthrough && !a.backend.starts_with("mirror:") {
         bail!("--passthrough needs the mirror backend (host files to hand to the kernel)");
     }
+    if a.passthrough && a.writeback_cache {
+        bail!("--passthrough and --writeback-cache do not go together: the kernel refuses passthrough opens while its writeback cache is on");
+    }
     let ttl = Duration::from_millis(a.ttl_ms);
     let opts = iolift_fs::BackendOptions {
         mirror: MirrorOptions {
