@@ -9,7 +9,9 @@
 //!   SQPOLL and IOPOLL, batched submissions, completions as bytes / 0 /
 //!   -errno);
 //! - [`fs`]: AccelFS, a small file system with a per-file buffer cache on
-//!   the engine (mkfs, fsck, files and directories, soft and hard sync).
+//!   the engine (mkfs, fsck, files and directories, soft and hard sync);
+//! - [`stream`]: the streaming application (a FASTA-like file read in
+//!   chunks, records and lines counted).
 //!
 //! See docs/direct.md.
 
@@ -17,6 +19,7 @@ pub mod buf;
 pub mod engine;
 pub mod fs;
 mod slot;
+pub mod stream;
 pub mod target;
 
 pub use buf::{AlignedBuf, Buf, FixedBuf, FixedPool, PinHook, SharedBytes, ALIGN};

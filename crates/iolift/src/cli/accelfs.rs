@@ -1,11 +1,13 @@
 //! `iolift accelfs`: tools for AccelFS, the small file system of
 //! crates/iolift-direct on its io_uring engine (see docs/direct.md): mkfs,
 //! fsck, ls, mkdir, rm, cp-in, cp-out. IMAGE is an image file or a block
-//! device.
+//! device. Also the streaming application on host files (gen-fasta,
+//! stream), which uses the same engine.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use iolift_direct::fs::{fsck, layout, mkfs, Fs, Mkfs};
+use iolift_direct::stream;
 use iolift_direct::{Config, Direct, Engine, Open, Target};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -83,15 +85,50 @@ enum Sub {
         src: String,
         dst: PathBuf,
     },
+    /// Write a FASTA-like file (the streaming application's input) on the
+    /// host: `>seqN length=L` headers, bases in lines of 60.
+    GenFasta {
+        file: PathBuf,
+        /// About this many bytes (whole records), e.g. 4G.
+        #[arg(long, default_value = "1G")]
+        size: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// The streaming application: read a host file in chunks and count its
+    /// records (`>` at a line start) and lines on the CPU; prints
+    /// `records R lines L bytes B seconds S GB/s G`.
+    Stream {
+        file: PathBuf,
+        /// uring: the io_uring engine into registered buffers (O_DIRECT per
+        /// --direct); read: read(2) into pageable memory.
+        #[arg(long, value_enum, default_value = "uring")]
+        io: StreamIo,
+        #[arg(long, default_value = "64K")]
+        chunk: String,
+        /// Reads in flight (uring).
+        #[arg(long, default_value_t = 4)]
+        depth: usize,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum StreamIo {
+    Uring,
+    Read,
 }
 
 impl AccelfsArgs {
-    fn engine(&self, image: &Path, create: Option<u64>) -> Result<Engine> {
-        let direct = match self.direct {
+    fn direct(&self) -> Direct {
+        match self.direct {
             DirectArg::Auto => Direct::Auto,
             DirectArg::On => Direct::On,
             DirectArg::Off => Direct::Off,
-        };
+        }
+    }
+
+    fn engine(&self, image: &Path, create: Option<u64>) -> Result<Engine> {
+        let direct = self.direct();
         let t = Target::open(
             image,
             &Open {
@@ -273,6 +310,33 @@ pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
                 off += n as u64;
             }
             out.flush()?;
+        }
+        Sub::GenFasta { file, size, seed } => {
+            let c = stream::generate_fasta(file, size_arg(size)?, *seed)?;
+            println!("records {} lines {} bytes {}", c.records, c.lines, c.bytes);
+        }
+        Sub::Stream {
+            file,
+            io,
+            chunk,
+            depth,
+        } => {
+            let chunk = usize::try_from(size_arg(chunk)?).context("--chunk")?;
+            let t0 = std::time::Instant::now();
+            let c = match io {
+                StreamIo::Read => stream::stream_read(file, chunk)?,
+                StreamIo::Uring => {
+                    stream::stream_direct(file, chunk, *depth, a.direct(), a.sqpoll)?
+                }
+            };
+            let s = t0.elapsed().as_secs_f64();
+            println!(
+                "records {} lines {} bytes {} seconds {s:.3} GB/s {:.3}",
+                c.records,
+                c.lines,
+                c.bytes,
+                c.bytes as f64 / s / 1e9
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
