@@ -10,6 +10,7 @@
 #   EXTRA=,sqpoll bench/direct.sh          # options added to the uring side
 #   PROFILE=debug bench/direct.sh          # use the debug build (no release build)
 #   KEEP=1 bench/direct.sh                 # keep the fio JSON files
+#   FIG=7 STREAM_SIZE=2G bench/direct.sh   # the streaming application instead (below)
 #
 # Per repeat and engine: start a fresh `iolift serve` on a unix socket over
 # the same image (SIZE, written once by fio before the first repeat), run
@@ -32,8 +33,10 @@ IOLIFT=$TARGET/$PROFILE/iolift
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
 OPTS=""; [[ -n ${DIRECT:-} && ${DIRECT} != 0 ]] && OPTS=",direct"
 
-command -v fio >/dev/null || { echo "missing fio: run scripts/test.sh, which installs it" >&2; exit 1; }
-fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
+if [[ ${FIG:-} != 7 ]]; then
+    command -v fio >/dev/null || { echo "missing fio: run scripts/test.sh, which installs it" >&2; exit 1; }
+    fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
+fi
 
 if [[ $PROFILE == release ]]; then
     echo "== building iolift (release)" >&2
@@ -41,6 +44,55 @@ if [[ $PROFILE == release ]]; then
 else
     echo "== building iolift ($PROFILE)" >&2
     cargo build -p iolift >&2
+fi
+
+# FIG=7: the streaming application (HAYAGUI's Figure 7), CPU paths: a
+# FASTA-like file of STREAM_SIZE (default 2G) made by `iolift accelfs
+# gen-fasta`, counted by `iolift accelfs stream` with --io uring --direct on
+# (the engine, O_DIRECT, registered buffers, 4 reads of 64 KiB in flight),
+# --io uring --direct off (the engine through the page cache) and --io read
+# (read(2) into pageable memory), the file's pages dropped from the page
+# cache (fadvise DONTNEED) before every run, order rotating; medians of R,
+# GB/s ratios against read, peak RSS. The GPU path is not built.
+if [[ ${FIG:-} == 7 ]]; then
+    WORK=$(mktemp -d /var/tmp/iolift-stream-bench.XXXXXX)
+    trap 'rm -rf "$WORK"' EXIT
+    F=$WORK/genome.fa
+    echo "== generating $F (${STREAM_SIZE:-2G})" >&2
+    "$IOLIFT" accelfs gen-fasta --size "${STREAM_SIZE:-2G}" "$F" >"$WORK/gen.txt"
+    MODES=("uring-direct --io uring --direct on" "uring-cached --io uring --direct off" "read --io read")
+    echo "== $R repeats, $(cat "$WORK/gen.txt"), $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+    for rep in $(seq 1 "$R"); do
+        for i in 0 1 2; do
+            set -- ${MODES[$(((i + rep) % 3))]}
+            name=$1; shift
+            "$PY" -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$F"
+            /usr/bin/time -f "peak_rss_kib %M" "$IOLIFT" accelfs stream "$@" "$F" >"$WORK/$name.$rep.txt" 2>&1
+            echo "   $name rep $rep: $(head -1 "$WORK/$name.$rep.txt")" >&2
+        done
+    done
+    echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$PY" - "$WORK" "$R" <<'PY'
+import re, statistics, sys
+work, reps = sys.argv[1], int(sys.argv[2])
+want = open(f"{work}/gen.txt").read().split()[:6]
+gbs, rss = {}, {}
+for m in ["uring-direct", "uring-cached", "read"]:
+    for r in range(1, reps + 1):
+        text = open(f"{work}/{m}.{r}.txt").read()
+        if text.split()[:6] != want:
+            sys.exit(f"{m} rep {r}: counts differ from the generator's: {text}")
+        gbs.setdefault(m, []).append(float(re.search(r"GB/s ([0-9.]+)", text).group(1)))
+        rss.setdefault(m, []).append(int(re.search(r"peak_rss_kib (\d+)", text).group(1)) / 1024)
+base = statistics.median(gbs["read"])
+print(f"{'path':<14} {'GB/s':>8} {'vs read':>8}  per repeat")
+for m in gbs:
+    g = statistics.median(gbs[m])
+    print(f"{m:<14} {g:>8.3f} {g / base:>7.2f}x  {', '.join(f'{x:.3f}' for x in gbs[m])}")
+for m in rss:
+    print(f"peak RSS {m:<14} median {statistics.median(rss[m]):.1f} MiB")
+PY
+    exit 0
 fi
 
 WORK=$(mktemp -d /var/tmp/iolift-direct-bench.XXXXXX)
