@@ -67,7 +67,7 @@ pub(crate) struct Meta {
     pub file_len: u64,
     pub closed: bool,
     /// Internal snapshots, and where their table is (offset, clusters).
-    pub snapshots: Vec<crate::snapshot::Snapshot>,
+    pub snapshots: Vec<crate::snaptable::Snapshot>,
     pub snap_offset: u64,
     pub snap_clusters: u64,
 }

@@ -27,6 +27,7 @@ mod mapping;
 mod open;
 mod refcount;
 mod snapshot;
+mod snaptable;
 mod update;
 
 pub use cache::{CacheStats, MappingCache, Pinned};
@@ -36,7 +37,7 @@ pub use error::{Error, Result};
 pub use header::Header;
 pub use mapping::Mapping;
 pub use open::{MAX_BACKING_DEPTH, MAX_DATA_PATHS};
-pub use snapshot::Snapshot;
+pub use snaptable::Snapshot;
 
 /// Splits `[off, off + len)` into pieces of one cluster each: (guest
 /// cluster, offset in the cluster, range in the caller's buffer).

@@ -11,7 +11,7 @@ use crate::header::{field, Header};
 use crate::io::{read_exact, sync, write_all};
 use crate::mapping::l1_offset;
 use crate::refcount::Refcounts;
-use crate::snapshot::{read_table, Snapshot};
+use crate::snaptable::{read_table, Snapshot};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -257,4 +257,14 @@ fn note_snapshot_tables(
         }
     }
     Ok(())
+}
+
+impl crate::backing::Image for ControlPlane {
+    fn size(&self) -> u64 {
+        ControlPlane::size(self)
+    }
+
+    fn read(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_locked(off, buf)
+    }
 }
