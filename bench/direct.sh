@@ -10,6 +10,7 @@
 #   EXTRA=,sqpoll bench/direct.sh          # options added to the uring side
 #   PROFILE=debug bench/direct.sh          # use the debug build (no release build)
 #   KEEP=1 bench/direct.sh                 # keep the fio JSON files
+#   FIG=5 bench/direct.sh                  # request latency, engine / POSIX / AccelFS / ext4 (below)
 #   FIG=7 STREAM_SIZE=2G bench/direct.sh   # the streaming application instead (below)
 #
 # Per repeat and engine: start a fresh `iolift serve` on a unix socket over
@@ -33,7 +34,7 @@ IOLIFT=$TARGET/$PROFILE/iolift
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
 OPTS=""; [[ -n ${DIRECT:-} && ${DIRECT} != 0 ]] && OPTS=",direct"
 
-if [[ ${FIG:-} != 7 ]]; then
+if [[ -z ${FIG:-} ]]; then
     command -v fio >/dev/null || { echo "missing fio: run scripts/test.sh, which installs it" >&2; exit 1; }
     fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
 fi
@@ -44,6 +45,87 @@ if [[ $PROFILE == release ]]; then
 else
     echo "== building iolift ($PROFILE)" >&2
     cargo build -p iolift >&2
+fi
+
+# FIG=5: latency in a single-threaded tight loop (HAYAGUI's Figure 5),
+# `iolift accelfs lat`, one request at a time at random offsets aligned to
+# its size (SIZES, default 4K 64K 1M), COUNT requests (default 300) per
+# cell, read / write / write+sync:
+#   uring    the io_uring engine, O_DIRECT, on an image file (SPAN bytes,
+#            default 64M, written in full first) on this machine's ext4,
+#   posix    pread / pwrite / fdatasync, O_DIRECT, on the same file,
+#   accelfs  a file of SPAN bytes on AccelFS (an image file, O_DIRECT;
+#            write+sync = hard sync),
+#   ext4     a file of SPAN bytes on an ext4 made on a loop device
+#            (--direct-io=on) over an image file on the same disk, through
+#            the page cache (pread / pwrite / fdatasync), as applications
+#            use files.
+# Paths alternate (the order rotates every repeat); medians of R of each
+# cell's p50 and mean; ratios uring/posix and accelfs/ext4. Needs root.
+if [[ ${FIG:-} == 5 ]]; then
+    [[ $(id -u) == 0 ]] || { echo "FIG=5 needs root (losetup, mount)" >&2; exit 1; }
+    SPAN=${SPAN:-64M}; COUNT=${COUNT:-300}; SIZES=${SIZES:-"4K 64K 1M"}
+    WORK=$(mktemp -d /var/tmp/iolift-lat-bench.XXXXXX)
+    MNT=$WORK/ext4; LOOP=
+    cleanup5() {
+        if mountpoint -q "$MNT" 2>/dev/null; then umount "$MNT" || umount -l "$MNT"; fi
+        [[ -n $LOOP ]] && losetup -d "$LOOP" 2>/dev/null || true
+        rm -rf "$WORK"
+    }
+    trap cleanup5 EXIT
+    span_bytes=$(numfmt --from=iec "$SPAN")
+    head -c "$span_bytes" /dev/zero >"$WORK/raw.img"
+    "$IOLIFT" accelfs mkfs --size $((span_bytes * 2)) "$WORK/accel.img" >/dev/null
+    truncate -s $((span_bytes * 2)) "$WORK/ext4.img"
+    mkfs.ext4 -q -F "$WORK/ext4.img"
+    LOOP=$(losetup -f --show --direct-io=on "$WORK/ext4.img")
+    mkdir -p "$MNT"; mount "$LOOP" "$MNT"
+    head -c "$span_bytes" /dev/zero >"$MNT/lat.dat"; sync
+    PATHS=(uring posix accelfs ext4)
+    lat() { # path op bs out
+        local p=$1; shift
+        local a=(--op "$1" --bs "$2" --count "$COUNT" --span "$SPAN")
+        case $p in
+        uring) "$IOLIFT" accelfs lat --direct on --io uring "${a[@]}" "$WORK/raw.img" ;;
+        posix) "$IOLIFT" accelfs lat --direct on --io posix "${a[@]}" "$WORK/raw.img" ;;
+        accelfs) "$IOLIFT" accelfs lat --direct on --io accelfs "${a[@]}" "$WORK/accel.img" ;;
+        ext4) "$IOLIFT" accelfs lat --direct off --io posix "${a[@]}" "$MNT/lat.dat" ;;
+        esac
+    }
+    echo "== $R repeats x $COUNT requests per cell, span $SPAN, sizes $SIZES, $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+    for rep in $(seq 1 "$R"); do
+        for bs in $SIZES; do
+            for op in read write write-sync; do
+                for i in 0 1 2 3; do
+                    p=${PATHS[$(((i + rep) % 4))]}
+                    echo "$p $op $bs $(lat "$p" "$op" "$bs")" >>"$WORK/lat.txt"
+                done
+            done
+        done
+        echo "   repeat $rep done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    done
+    echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$PY" - "$WORK/lat.txt" <<'PY'
+import statistics, sys
+cells = {}
+for line in open(sys.argv[1]):
+    w = line.split()
+    d = dict(zip(w[3::2], w[4::2]))
+    cells.setdefault((w[0], w[1], w[2]), []).append((float(d["p50_us"]), float(d["mean_us"])))
+med = lambda p, op, bs, k: statistics.median(x[k] for x in cells[p, op, bs])
+print("p50 / mean latency in us, medians over repeats")
+print(f"{'op':<11} {'size':>5} {'uring':>15} {'posix':>15} {'uring/posix':>12} {'accelfs':>15} {'ext4':>15} {'accelfs/ext4':>13}")
+seen = []
+for (p, op, bs) in cells:
+    if (op, bs) not in seen:
+        seen.append((op, bs))
+for op, bs in seen:
+    v = {p: (med(p, op, bs, 0), med(p, op, bs, 1)) for p in ["uring", "posix", "accelfs", "ext4"]}
+    f = lambda p: f"{v[p][0]:.1f}/{v[p][1]:.1f}"
+    print(f"{op:<11} {bs:>5} {f('uring'):>15} {f('posix'):>15} {v['uring'][0] / v['posix'][0]:>11.2f}x"
+          f" {f('accelfs'):>15} {f('ext4'):>15} {v['accelfs'][0] / v['ext4'][0]:>12.2f}x")
+PY
+    exit 0
 fi
 
 # FIG=7: the streaming application (HAYAGUI's Figure 7), CPU paths: a

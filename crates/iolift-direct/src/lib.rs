@@ -11,13 +11,15 @@
 //! - [`fs`]: AccelFS, a small file system with a per-file buffer cache on
 //!   the engine (mkfs, fsck, files and directories, soft and hard sync);
 //! - [`stream`]: the streaming application (a FASTA-like file read in
-//!   chunks, records and lines counted).
+//!   chunks, records and lines counted);
+//! - [`lat`]: request latency in a tight loop (engine, POSIX, AccelFS).
 //!
 //! See docs/direct.md.
 
 pub mod buf;
 pub mod engine;
 pub mod fs;
+pub mod lat;
 mod slot;
 pub mod stream;
 pub mod target;

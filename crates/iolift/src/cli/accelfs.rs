@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use iolift_direct::fs::{fsck, layout, mkfs, Fs, Mkfs};
-use iolift_direct::stream;
+use iolift_direct::{lat, stream};
 use iolift_direct::{Config, Direct, Engine, Open, Target};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -110,6 +110,38 @@ enum Sub {
         #[arg(long, default_value_t = 4)]
         depth: usize,
     },
+    /// Latency of one request at a time at random aligned offsets: the
+    /// engine or pread/pwrite/fdatasync on TARGET (fill it first), or a
+    /// file /lat of --span bytes on the AccelFS TARGET; prints `ops N
+    /// mean_us M p50_us P p99_us Q`.
+    Lat {
+        target: PathBuf,
+        #[arg(long, value_enum, default_value = "uring")]
+        io: LatIo,
+        #[arg(long, value_enum, default_value = "read")]
+        op: LatOpArg,
+        #[arg(long, default_value = "4K")]
+        bs: String,
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// Bytes the offsets range over.
+        #[arg(long, default_value = "64M")]
+        span: String,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LatIo {
+    Uring,
+    Posix,
+    Accelfs,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LatOpArg {
+    Read,
+    Write,
+    WriteSync,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,6 +346,37 @@ pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
         Sub::GenFasta { file, size, seed } => {
             let c = stream::generate_fasta(file, size_arg(size)?, *seed)?;
             println!("records {} lines {} bytes {}", c.records, c.lines, c.bytes);
+        }
+        Sub::Lat {
+            target,
+            io,
+            op,
+            bs,
+            count,
+            span,
+        } => {
+            let spec = lat::LatSpec {
+                path: match io {
+                    LatIo::Uring => lat::Path::Uring,
+                    LatIo::Posix => lat::Path::Posix,
+                    LatIo::Accelfs => lat::Path::Accelfs,
+                },
+                op: match op {
+                    LatOpArg::Read => lat::LatOp::Read,
+                    LatOpArg::Write => lat::LatOp::Write,
+                    LatOpArg::WriteSync => lat::LatOp::WriteSync,
+                },
+                bs: usize::try_from(size_arg(bs)?).context("--bs")?,
+                count: *count,
+                span: size_arg(span)?,
+                direct: a.direct(),
+                seed: 1,
+            };
+            let r = lat::measure(target, &spec)?;
+            println!(
+                "ops {} mean_us {:.1} p50_us {:.1} p99_us {:.1}",
+                r.ops, r.mean_us, r.p50_us, r.p99_us
+            );
         }
         Sub::Stream {
             file,
