@@ -72,6 +72,7 @@ pub fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    crate::backend::ec::children::use_stages(crate::stage::check_spec, crate::stage::build_stack);
     let r = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Crush(a) => crush::run(a),
