@@ -147,16 +147,18 @@ struct Store {
 }
 
 fn open_store(a: &StoreArgs) -> Result<Store> {
-    let mut opt = Options::default();
-    opt.write_buffer_size = a.write_buffer_size;
-    opt.block_cache_capacity_bytes = a.cache_size;
     if a.open_files < 20 {
         bail!("--open_files: {} (at least 20)", a.open_files);
     }
-    opt.max_open_files = a.open_files;
-    opt.compressor = match a.compression {
-        Compression::None => 0,
-        Compression::Snappy => 1,
+    let mut opt = Options {
+        write_buffer_size: a.write_buffer_size,
+        block_cache_capacity_bytes: a.cache_size,
+        max_open_files: a.open_files,
+        compressor: match a.compression {
+            Compression::None => 0,
+            Compression::Snappy => 1,
+        },
+        ..Options::default()
     };
     if a.cache_blocks == 0 {
         bail!("--cache_blocks: 0 (at least 1)");
