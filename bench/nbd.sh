@@ -24,7 +24,8 @@
 # iolift runs with its defaults, poll mode included (--poll-us auto, see
 # docs/nbd.md). A third server, `alt`, runs every job after each pair:
 # `iolift serve --poll-us 0` (no poll mode; its column shows what poll mode
-# buys and costs), or, with BASE=PATH, another iolift binary (e.g. a build
+# buys and costs; ALT_ARGS="..." gives it other flags, e.g.
+# ALT_ARGS="--poll-us 100" for a fixed budget), or, with BASE=PATH, another iolift binary (e.g. a build
 # of an earlier commit) with its defaults, so a change is compared with the
 # code before it in the same run (column iolift/alt). ALT=0 skips it. The summary also prints fio's own CPU use at
 # QD32: near 100% of a core, the client is the limit and no server can
@@ -41,6 +42,7 @@ RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1G}
 THREADS=${THREADS:-2}
 TARGET=${CARGO_TARGET_DIR:-target}
+ALT_ARGS=${ALT_ARGS:---poll-us 0}
 IOLIFT=$TARGET/release/iolift
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
 
@@ -69,7 +71,7 @@ start_server() { # $1 = iolift|nbdkit, $2 = socket
         alt) if [[ -n ${BASE:-} ]]; then
                  "$BASE" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" &
              else
-                 "$IOLIFT" serve --socket "$2" --threads "$THREADS" --poll-us 0 "memory:$SIZE" 2>"$WORK/$1.log" &
+                 "$IOLIFT" serve --socket "$2" --threads "$THREADS" $ALT_ARGS "memory:$SIZE" 2>"$WORK/$1.log" &
              fi ;;
         nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
     esac
@@ -121,7 +123,7 @@ done
 stop_busy
 echo "== done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-ALT_LABEL="iolift --poll-us 0"
+ALT_LABEL="iolift $ALT_ARGS"
 [[ -n ${BASE:-} ]] && ALT_LABEL="$BASE (defaults)"
 "$PY" bench/fio_summary.py "$WORK" --clk-tck "$(getconf CLK_TCK)" --repeats "$R" --alt-label "$ALT_LABEL" \
     --json "$WORK/summary.json"
