@@ -15,6 +15,7 @@
 #   bench/ec.sh                        # k=6,8,10,12 m=4 and 4:2, 8:2, 16:4; 4k,64k,1m
 #   REPS=5 MS=20 SIZES=4k,1m bench/ec.sh
 #   RAW=DIR bench/ec.sh                # also keep the bench's own rows in DIR
+#   CLOCK=cpu bench/ec.sh              # time by each thread's CPU time (busy machine)
 #
 # Rows: iolift = the codec as `iolift ec encode` runs it (engine auto:
 # iolift's own AVX2 kernel on an AVX2 CPU); io-isal = the same matrices on
@@ -28,6 +29,7 @@ SIZES=${SIZES:-4k,64k,1m}
 K=${K:-6,8,10,12}
 EXTRA=${EXTRA:-4:2,8:2,16:4}
 CORE=${CORE:-0}
+CLOCK=${CLOCK:-wall}
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release -q -p iolift --bin iolift
@@ -36,8 +38,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 echo "# bench/ec.sh $(date -u +%Y-%m-%dT%H:%MZ) $(uname -n), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# libisal2 $(dpkg-query -W -f '${Version}' libisal2 2>/dev/null || echo '?'), libjerasure2 $(dpkg-query -W -f '${Version}' libjerasure2 2>/dev/null || echo '?'); REPS=$REPS MS=$MS; one core = taskset -c $CORE"
-args=(ec bench --k "$K" --m 4 --extra "$EXTRA" --sizes "$SIZES" --reps "$REPS" --ms "$MS")
+echo "# libisal2 $(dpkg-query -W -f '${Version}' libisal2 2>/dev/null || echo '?'), libjerasure2 $(dpkg-query -W -f '${Version}' libjerasure2 2>/dev/null || echo '?'); REPS=$REPS MS=$MS CLOCK=$CLOCK; one core = taskset -c $CORE"
+args=(ec bench --k "$K" --m 4 --extra "$EXTRA" --sizes "$SIZES" --reps "$REPS" --ms "$MS" --clock "$CLOCK")
 taskset -c "$CORE" "$IOLIFT" "${args[@]}" --threads 1 >"$work/one"
 echo "# load between: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$IOLIFT" "${args[@]}" --threads 0 >"$work/all"

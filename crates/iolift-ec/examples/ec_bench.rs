@@ -1,7 +1,7 @@
 //! The bench of `iolift ec bench` without the iolift binary, for quick
 //! runs while working on the kernels:
 //! `cargo run --release -p iolift-ec --example ec_bench -- k=8 m=4
-//! sizes=4096,1048576 threads=1 reps=5 ms=30 only=iolift,isal`.
+//! sizes=4096,1048576 threads=1 reps=5 ms=30 only=iolift,isal clock=cpu`.
 //! (`bench/ec.sh` is the measurement of record.)
 
 use iolift_ec::bench::{self, BenchOptions};
@@ -18,6 +18,7 @@ fn main() {
         reps: 5,
         ms: 30,
         only: Vec::new(),
+        cpu_clock: false,
     };
     let (mut ks, mut m) = (vec![8], 4);
     for a in std::env::args().skip(1) {
@@ -30,6 +31,7 @@ fn main() {
             "reps" => o.reps = val.parse().expect("reps"),
             "ms" => o.ms = val.parse().expect("ms"),
             "only" => o.only = val.split(',').map(String::from).collect(),
+            "clock" => o.cpu_clock = val == "cpu",
             _ => panic!("unknown argument {key}"),
         }
     }

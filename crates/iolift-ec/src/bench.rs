@@ -31,6 +31,39 @@ pub struct BenchOptions {
     /// Implementation names to run; empty = all that load but
     /// iolift-native (the same kernel as iolift on an AVX2 CPU).
     pub only: Vec<String>,
+    /// Time each thread by its own CPU time (Linux CLOCK_THREAD_CPUTIME_ID)
+    /// instead of the wall clock: time spent descheduled by other processes
+    /// on a busy machine does not count, and the threads' rates add up (the
+    /// speed they would have with a core each). Caches and memory are still
+    /// shared with whatever else runs.
+    pub cpu_clock: bool,
+}
+
+#[repr(C)]
+struct Timespec {
+    sec: i64,
+    nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+}
+
+/// Seconds of CPU time the calling thread has used.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn thread_cpu_secs() -> f64 {
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut t = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: t is a valid timespec (64-bit Linux layout); the clock id is
+    // Linux's per-thread CPU clock.
+    let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(r, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    t.sec as f64 + t.nsec as f64 * 1e-9
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn thread_cpu_secs() -> f64 {
+    unreachable!("cpu_clock is refused off 64-bit Linux")
 }
 
 type GenMatrix = unsafe extern "C" fn(a: *mut u8, m: c_int, k: c_int);
@@ -267,9 +300,37 @@ fn profile(text: &str) -> Profile {
     Profile::parse(text).expect("bench profile")
 }
 
-/// Runs `op` on `threads` threads for `ms` each; GB/s of data in.
-fn measure(op: &Op, k: usize, m: usize, size: usize, threads: usize, ms: u64) -> f64 {
+/// Runs `op` on `threads` threads for `ms` each (wall clock, or each
+/// thread's CPU time with `cpu`); GB/s of data in.
+fn measure(op: &Op, k: usize, m: usize, size: usize, threads: usize, ms: u64, cpu: bool) -> f64 {
     let barrier = Barrier::new(threads);
+    if cpu {
+        let rates: Vec<f64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        let mut st = Stripe::new(k, m, size, t as u64 + 1);
+                        op(&mut st);
+                        barrier.wait();
+                        let start = thread_cpu_secs();
+                        let mut n = 0u64;
+                        let secs = loop {
+                            op(&mut st);
+                            n += 1;
+                            let e = thread_cpu_secs() - start;
+                            if e >= ms as f64 / 1000.0 {
+                                break e;
+                            }
+                        };
+                        n as f64 * (k * size) as f64 / secs / 1e9
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        return rates.iter().sum();
+    }
     let results: Vec<(u64, Duration)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
@@ -500,14 +561,24 @@ fn impls<'a>(
 /// Runs the grid and prints one row per cell: the median (and best) GB/s
 /// of each implementation, and iolift's ratios to ISA-L and jerasure.
 pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<(), Error> {
+    if opts.cpu_clock && !cfg!(all(target_os = "linux", target_pointer_width = "64")) {
+        return Err(Error::Invalid(
+            "bench: --clock cpu needs 64-bit Linux (CLOCK_THREAD_CPUTIME_ID)".into(),
+        ));
+    }
     let isal = IsalPeer::load();
     let jer = Jerasure::load();
     let io = |e: std::io::Error| Error::Invalid(format!("bench output: {e}"));
     writeln!(
         out,
-        "# iolift ec bench: {} reps x {} ms per cell, GB/s of data in (k x chunk bytes per op); isal: {}; jerasure: {}; iolift kernel: {}",
+        "# iolift ec bench: {} reps x {} ms of {} per cell, GB/s of data in (k x chunk bytes per op); isal: {}; jerasure: {}; iolift kernel: {}",
         opts.reps,
         opts.ms,
+        if opts.cpu_clock {
+            "each thread's CPU time"
+        } else {
+            "wall clock"
+        },
         isal.as_ref().map_or_else(|e| format!("not loaded ({e})"), |_| "libisal.so.2".into()),
         jer.as_ref().map_or_else(|e| format!("not loaded ({e})"), |_| "libJerasure.so.2".into()),
         Codec::new(&profile("plugin=isa,k=4,m=2"))?.kernel(),
@@ -541,7 +612,15 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<(), Error> {
                             } else {
                                 &im.decode
                             };
-                            samples[at].push(measure(f, k, m, size, threads, opts.ms));
+                            samples[at].push(measure(
+                                f,
+                                k,
+                                m,
+                                size,
+                                threads,
+                                opts.ms,
+                                opts.cpu_clock,
+                            ));
                         }
                     }
                     let mut rows: Vec<(&str, f64)> = Vec::new();

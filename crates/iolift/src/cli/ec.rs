@@ -110,6 +110,17 @@ pub struct BenchArgs {
     /// but iolift-native (what iolift runs on an AVX2 CPU).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// How each rep is timed: wall (the wall clock), or cpu (each thread's
+    /// own CPU time, so time descheduled by other processes on a busy
+    /// machine does not count; thread rates add up).
+    #[arg(long, value_enum, default_value = "wall")]
+    pub clock: Clock,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    Wall,
+    Cpu,
 }
 
 fn profile(text: &str) -> Result<Profile> {
@@ -480,6 +491,7 @@ pub fn run(args: EcArgs) -> Result<ExitCode> {
                 reps: b.reps,
                 ms: b.ms,
                 only: b.only.clone(),
+                cpu_clock: b.clock == Clock::Cpu,
             };
             bench::run(&opts, &mut std::io::stdout())?;
         }
