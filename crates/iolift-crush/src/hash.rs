@@ -93,45 +93,60 @@ pub const LANES: usize = 8;
 type Lanes = [u32; LANES];
 
 #[inline(always)]
-fn mix_lanes(a: &mut Lanes, b: &mut Lanes, c: &mut Lanes) {
-    for i in 0..LANES {
+fn mix_n<const N: usize>(a: &mut [u32; N], b: &mut [u32; N], c: &mut [u32; N]) {
+    for i in 0..N {
         mix(&mut a[i], &mut b[i], &mut c[i]);
     }
+}
+
+/// `hash32_3(a[i], b[i], c[i])` for every lane `i` of `N`: the general
+/// form of [`hash32_3_lanes`] (any lane count, any argument varying).
+/// Compiled inside a function with wider vector units enabled (AVX2), the
+/// same loops use them.
+#[inline(always)]
+pub fn hash32_3_n<const N: usize>(a: [u32; N], b: [u32; N], c: [u32; N]) -> [u32; N] {
+    let (mut a, mut b, mut c) = (a, b, c);
+    let mut h = [0; N];
+    for i in 0..N {
+        h[i] = SEED ^ a[i] ^ b[i] ^ c[i];
+    }
+    let (mut x, mut y) = ([XC; N], [YC; N]);
+    mix_n(&mut a, &mut b, &mut h);
+    mix_n(&mut c, &mut x, &mut h);
+    mix_n(&mut y, &mut a, &mut h);
+    mix_n(&mut b, &mut x, &mut h);
+    mix_n(&mut y, &mut c, &mut h);
+    h
+}
+
+/// `hash32_4(a[i], b[i], c[i], d[i])` for every lane `i` of `N`.
+#[inline(always)]
+pub fn hash32_4_n<const N: usize>(a: [u32; N], b: [u32; N], c: [u32; N], d: [u32; N]) -> [u32; N] {
+    let (mut a, mut b, mut c, mut d) = (a, b, c, d);
+    let mut h = [0; N];
+    for i in 0..N {
+        h[i] = SEED ^ a[i] ^ b[i] ^ c[i] ^ d[i];
+    }
+    let (mut x, mut y) = ([XC; N], [YC; N]);
+    mix_n(&mut a, &mut b, &mut h);
+    mix_n(&mut c, &mut d, &mut h);
+    mix_n(&mut a, &mut x, &mut h);
+    mix_n(&mut y, &mut b, &mut h);
+    mix_n(&mut c, &mut x, &mut h);
+    mix_n(&mut y, &mut d, &mut h);
+    h
 }
 
 /// `hash32_3(a, b[i], c)` for every lane `i`.
 #[inline(always)]
 pub fn hash32_3_lanes(a: u32, b: &Lanes, c: u32) -> Lanes {
-    let (mut a, mut b, mut c) = ([a; LANES], *b, [c; LANES]);
-    let mut h = [0; LANES];
-    for i in 0..LANES {
-        h[i] = SEED ^ a[i] ^ b[i] ^ c[i];
-    }
-    let (mut x, mut y) = ([XC; LANES], [YC; LANES]);
-    mix_lanes(&mut a, &mut b, &mut h);
-    mix_lanes(&mut c, &mut x, &mut h);
-    mix_lanes(&mut y, &mut a, &mut h);
-    mix_lanes(&mut b, &mut x, &mut h);
-    mix_lanes(&mut y, &mut c, &mut h);
-    h
+    hash32_3_n([a; LANES], *b, [c; LANES])
 }
 
 /// `hash32_4(a, b[i], c, d)` for every lane `i`.
 #[inline(always)]
 pub fn hash32_4_lanes(a: u32, b: &Lanes, c: u32, d: u32) -> Lanes {
-    let (mut a, mut b, mut c, mut d) = ([a; LANES], *b, [c; LANES], [d; LANES]);
-    let mut h = [0; LANES];
-    for i in 0..LANES {
-        h[i] = SEED ^ a[i] ^ b[i] ^ c[i] ^ d[i];
-    }
-    let (mut x, mut y) = ([XC; LANES], [YC; LANES]);
-    mix_lanes(&mut a, &mut b, &mut h);
-    mix_lanes(&mut c, &mut d, &mut h);
-    mix_lanes(&mut a, &mut x, &mut h);
-    mix_lanes(&mut y, &mut b, &mut h);
-    mix_lanes(&mut c, &mut x, &mut h);
-    mix_lanes(&mut y, &mut d, &mut h);
-    h
+    hash32_4_n([a; LANES], *b, [c; LANES], [d; LANES])
 }
 
 /// `ceph_str_hash_rjenkins`: lookup2 over the bytes with initval 0.
@@ -190,6 +205,23 @@ mod tests {
             for i in 0..LANES {
                 assert_eq!(h3[i], hash32_3(a, b[i], c));
                 assert_eq!(h4[i], hash32_4(a, b[i], c, d));
+            }
+            // Every argument varying, other lane counts.
+            let (b4, c4, d4) = (
+                [b[0], b[1], b[2], b[3]],
+                [b[4], b[5], b[6], b[7]],
+                [a, c, d, v],
+            );
+            let h3 = hash32_3_n(d4, b4, c4);
+            let h4 = hash32_4_n(c4, d4, b4, c4);
+            for i in 0..4 {
+                assert_eq!(h3[i], hash32_3(d4[i], b4[i], c4[i]));
+                assert_eq!(h4[i], hash32_4(c4[i], d4[i], b4[i], c4[i]));
+            }
+            let b16: [u32; 16] = std::array::from_fn(|i| b[i % 8].rotate_left(i as u32));
+            let h16 = hash32_4_n([a; 16], b16, [c; 16], b16);
+            for i in 0..16 {
+                assert_eq!(h16[i], hash32_4(a, b16[i], c, b16[i]));
             }
         }
     }

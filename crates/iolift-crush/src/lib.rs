@@ -2,6 +2,7 @@
 //! decode/encode, decompile, the mapper and a `crushtool --test` compatible
 //! tester. Object -> PG -> OSD placement is OSDMap logic: `iolift-osdmap`.
 
+mod choose;
 pub mod decode;
 pub mod decompile;
 pub mod encode;

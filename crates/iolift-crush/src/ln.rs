@@ -2,20 +2,34 @@
 
 use crate::ln_tables::{LL, RH_LH};
 
+/// `RH_LH` as (RH, LH) pairs, padded to 256 entries so that a `u8` index
+/// needs no bounds check.
+static RH_LH_PAIRS: [[u64; 2]; 256] = {
+    let mut t = [[0u64; 2]; 256];
+    let mut k = 0;
+    while 2 * k + 1 < RH_LH.len() {
+        t[k] = [RH_LH[2 * k] as u64, RH_LH[2 * k + 1] as u64];
+        k += 1;
+    }
+    t
+};
+
 /// `crush_ln(xin)` for `xin` in 0..=0xffff (higher bits are ignored like the
 /// C code's masking of the normalisation step).
+///
+/// Ceph normalises `x = xin + 1` only when it is below 0x8000 (a branch
+/// that random hashes take half the time); here the shift is computed for
+/// every `x` and is 0 for the others, which is the same arithmetic without
+/// the branch.
 #[inline(always)]
 pub fn crush_ln(xin: u32) -> u64 {
-    let mut x = (xin & 0xffff) + 1;
-    let mut iexpon: u64 = 15;
-    if x & 0x18000 == 0 {
-        let bits = (x & 0x1ffff).leading_zeros() - 16;
-        x <<= bits;
-        iexpon = 15 - bits as u64;
-    }
-    let index1 = ((x >> 8) << 1) as usize;
-    let rh = RH_LH[index1 - 256] as u64;
-    let lh = RH_LH[index1 + 1 - 256] as u64;
+    let x = (xin & 0xffff) + 1;
+    // x in 1..=0x10000: 15 leading zeros for 0x10000, 16 for 0x8000..=0xffff.
+    let bits = x.leading_zeros().saturating_sub(16);
+    let x = x << bits;
+    let iexpon = 15 - bits as u64;
+    // x is now in 0x8000..=0x10000: pair index 0..=128.
+    let [rh, lh] = RH_LH_PAIRS[((x >> 8) - 128) as u8 as usize];
     let xl64 = (x as u64).wrapping_mul(rh) >> 48;
     let ll = LL[(xl64 & 0xff) as usize] as u64;
     (iexpon << 44) + ((lh + ll) >> 4)
@@ -36,6 +50,35 @@ pub fn ll_formula(k: usize) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `crush_ln` as mapper.c writes it, branch and all.
+    fn crush_ln_c(xin: u32) -> u64 {
+        let mut x = (xin & 0xffff) + 1;
+        let mut iexpon: u64 = 15;
+        if x & 0x18000 == 0 {
+            let bits = (x & 0x1ffff).leading_zeros() - 16;
+            x <<= bits;
+            iexpon = 15 - bits as u64;
+        }
+        let index1 = ((x >> 8) << 1) as usize;
+        let rh = RH_LH[index1 - 256] as u64;
+        let lh = RH_LH[index1 + 1 - 256] as u64;
+        let xl64 = (x as u64).wrapping_mul(rh) >> 48;
+        let ll = LL[(xl64 & 0xff) as usize] as u64;
+        (iexpon << 44) + ((lh + ll) >> 4)
+    }
+
+    #[test]
+    fn branch_free_equals_c_form() {
+        for u in 0..0x10000u32 {
+            assert_eq!(crush_ln(u), crush_ln_c(u), "u={u}");
+            assert_eq!(
+                crush_ln(u | 0xabc0_0000),
+                crush_ln_c(u | 0xabc0_0000),
+                "u={u}"
+            );
+        }
+    }
 
     #[test]
     fn endpoints() {

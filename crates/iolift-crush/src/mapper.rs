@@ -11,20 +11,10 @@
     clippy::if_same_then_else
 )]
 
-use crate::hash::{hash32_2, hash32_3, hash32_3_lanes, hash32_4, hash32_4_lanes, LANES};
-use crate::ln::ln_minus_one;
+use crate::choose::{self, Isa, PermSlot};
+use crate::hash::hash32_2;
 use crate::map::*;
 use rayon::prelude::*;
-
-/// Permutation state of one bucket (`crush_work_bucket`): the permutation
-/// of `0..size` for input `x`, of which the first `n` entries are final
-/// (0xffff: only entry 0, the r = 0 shortcut).
-#[derive(Debug, Clone, Default)]
-struct PermSlot {
-    x: u32,
-    n: u32,
-    p: Vec<u32>,
-}
 
 /// Reusable per-thread scratch for [`do_rule`].
 ///
@@ -67,190 +57,16 @@ struct Ctx<'a> {
     weight: &'a [u32],
     x: i32,
     args: Option<&'a [ChooseArg]>,
-}
-
-#[inline]
-fn bidx(b: &Bucket) -> usize {
-    (-1i64 - b.id as i64) as usize
-}
-
-/// `bucket_perm_choose`: pure function of (x, bucket, r % size), cached.
-fn perm_choose(perm: &mut [PermSlot], b: &Bucket, x: i32, r: i32) -> i32 {
-    let size = b.items.len() as u32;
-    let pr = (r as u32) % size;
-    let slot = &mut perm[bidx(b)];
-    if slot.p.len() != size as usize {
-        // First use, or a map of another shape: start afresh.
-        slot.p.clear();
-        slot.p.resize(size as usize, 0);
-        slot.n = 0;
-    }
-    let p = &mut slot.p[..];
-    let xu = x as u32;
-    if slot.x != xu || slot.n == 0 {
-        slot.x = xu;
-        if pr == 0 {
-            let s = hash32_3(xu, b.id as u32, 0) % size;
-            p[0] = s;
-            slot.n = 0xffff;
-            return b.items[s as usize];
-        }
-        for (i, v) in p.iter_mut().enumerate() {
-            *v = i as u32;
-        }
-        slot.n = 0;
-    } else if slot.n == 0xffff {
-        for (i, v) in p.iter_mut().enumerate().skip(1) {
-            *v = i as u32;
-        }
-        let s0 = p[0] as usize;
-        p[s0] = 0;
-        slot.n = 1;
-    }
-    while slot.n <= pr {
-        let pn = slot.n;
-        if pn < size - 1 {
-            let i = hash32_3(xu, b.id as u32, pn) % (size - pn);
-            if i != 0 {
-                p.swap((pn + i) as usize, pn as usize);
-            }
-        }
-        slot.n += 1;
-    }
-    b.items[p[pr as usize] as usize]
-}
-
-/// Items `start..start + LANES` (fewer at the end) as hash lanes.
-#[inline(always)]
-fn lane_ids(ids: &[i32], start: usize) -> [u32; LANES] {
-    let mut l = [0u32; LANES];
-    for (d, &s) in l.iter_mut().zip(&ids[start..]) {
-        *d = s as u32;
-    }
-    l
-}
-
-#[inline]
-fn list_choose(b: &Bucket, x: u32, r: u32) -> i32 {
-    // From the last item down: the first whose scaled hash falls below its
-    // weight wins. Hashes are computed LANES at a time (speculatively: a
-    // few past the winner are wasted, which is cheaper than one at a time).
-    let mut end = b.items.len();
-    while end > 0 {
-        let start = end.saturating_sub(LANES);
-        let hs = hash32_4_lanes(x, &lane_ids(&b.items, start), r, b.id as u32);
-        for i in (start..end).rev() {
-            let h = hs[i - start] as u64 & 0xffff;
-            let w = (h * b.sum_weights[i] as u64) >> 16;
-            if w < b.item_weights[i] as u64 {
-                return b.items[i];
-            }
-        }
-        end = start;
-    }
-    b.items[0]
-}
-
-#[inline]
-fn tree_choose(b: &Bucket, x: u32, r: u32) -> i32 {
-    let nw = &b.node_weights;
-    let mut n = nw.len() >> 1;
-    while n & 1 == 0 && n != 0 {
-        let w = nw[n] as u64;
-        let t = (hash32_4(x, n as u32, r, b.id as u32) as u64 * w) >> 32;
-        let h = n.trailing_zeros();
-        let l = n - (1 << (h - 1));
-        if t < nw[l] as u64 {
-            n = l;
-        } else {
-            n += 1 << (h - 1);
-        }
-    }
-    b.items.get(n >> 1).copied().unwrap_or(b.items[0])
-}
-
-#[inline]
-fn straw_choose(b: &Bucket, x: u32, r: u32) -> i32 {
-    let n = b.items.len().min(b.straws.len());
-    let mut high = 0;
-    let mut high_draw = 0u64;
-    let mut start = 0;
-    while start < n {
-        let hs = hash32_3_lanes(x, &lane_ids(&b.items, start), r);
-        for i in start..n.min(start + LANES) {
-            let draw = (hs[i - start] as u64 & 0xffff) * b.straws[i] as u64;
-            if i == 0 || draw > high_draw {
-                high = i;
-                high_draw = draw;
-            }
-        }
-        start += LANES;
-    }
-    b.items[high]
-}
-
-#[inline]
-fn straw2_choose(b: &Bucket, x: u32, r: u32, arg: Option<&ChooseArg>, position: i32) -> i32 {
-    let mut weights: &[u32] = &b.item_weights;
-    let mut ids: &[i32] = &b.items;
-    if let Some(a) = arg {
-        if !a.weight_set.is_empty() {
-            let p = (position as u32 as usize).min(a.weight_set.len() - 1);
-            weights = &a.weight_set[p];
-        }
-        if !a.ids.is_empty() {
-            ids = &a.ids;
-        }
-    }
-    // Ceph: draw = (crush_ln(u) - 2^48) / w (s64 division, truncating), the
-    // largest draw wins, the first on ties. With n = 2^48 - crush_ln(u) in
-    // 0..=2^48 that is the smallest floor(n / w). floor(n / w) is computed
-    // in f64: n and w are exact, the quotient is correctly rounded, and it
-    // cannot round up to the next integer (that would need n/w within
-    // ulp/2 <= q*2^-53 of it, while a non-integer n/w is at least
-    // 1/w >= q*2^-48 away), so truncating it is exact, and a pipelined
-    // f64 divide is cheaper than a 64-bit integer divide.
-    let n = weights.len().min(ids.len());
-    let mut high = 0;
-    let mut low_q = u64::MAX;
-    let mut start = 0;
-    while start < n {
-        let hs = hash32_3_lanes(x, &lane_ids(ids, start), r);
-        for i in start..n.min(start + LANES) {
-            // A zero weight draws S64_MIN: it wins only as the first item
-            // (and stays the winner if every weight is zero).
-            let w = weights[i];
-            let q = if w != 0 {
-                let u = hs[i - start] & 0xffff;
-                let num = (-ln_minus_one(u)) as u64;
-                (num as f64 / w as f64) as u64
-            } else {
-                u64::MAX
-            };
-            if i == 0 || q < low_q {
-                high = i;
-                low_q = q;
-            }
-        }
-        start += LANES;
-    }
-    b.items[high]
+    isa: Isa,
 }
 
 #[inline]
 fn bucket_choose(ctx: &Ctx, perm: &mut [PermSlot], b: &Bucket, r: i32, position: i32) -> i32 {
-    let x = ctx.x as u32;
-    match b.alg {
-        ALG_UNIFORM => perm_choose(perm, b, ctx.x, r),
-        ALG_LIST => list_choose(b, x, r as u32),
-        ALG_TREE => tree_choose(b, x, r as u32),
-        ALG_STRAW => straw_choose(b, x, r as u32),
-        ALG_STRAW2 => {
-            let arg = ctx.args.and_then(|a| a.get(bidx(b)));
-            straw2_choose(b, x, r as u32, arg, position)
-        }
-        _ => b.items[0],
-    }
+    let arg = match (b.alg, ctx.args) {
+        (ALG_STRAW2, Some(a)) => a.get((-1i64 - b.id as i64) as usize),
+        _ => None,
+    };
+    choose::bucket_choose(ctx.isa, perm, b, ctx.x, r, arg, position)
 }
 
 #[inline]
@@ -309,7 +125,7 @@ fn choose_firstn(
                 } else {
                     item = if local_fallback > 0 && flocal >= (size >> 1) && flocal > local_fallback
                     {
-                        perm_choose(perm, in_b, ctx.x, r)
+                        choose::perm_choose(ctx.isa, perm, in_b, ctx.x, r)
                     } else {
                         bucket_choose(ctx, perm, in_b, r, outpos as i32)
                     };
@@ -535,6 +351,14 @@ fn choose_indep(
     }
 }
 
+/// Which compiled version of the bucket choosers this process runs:
+/// `"avx2"` (x86-64 CPUs with AVX2) or `"portable"` (any other CPU, or the
+/// environment variable `IOLIFT_CRUSH_SIMD=portable`). Both give the same
+/// mappings.
+pub fn simd() -> &'static str {
+    Isa::get().name()
+}
+
 /// `crush_do_rule`: map input `x` through rule `ruleno`, writing up to
 /// `result.len()` items (CRUSH_ITEM_NONE holes for indep). `weight` is the
 /// device reweight vector (16.16, 0x10000 = in). Returns the result length;
@@ -558,6 +382,7 @@ pub fn do_rule(
         weight,
         x,
         args: choose_args.map(|c| c.args.as_slice()),
+        isa: Isa::get(),
     };
     let t = &map.tunables;
     let mut choose_tries = t.choose_total_tries.wrapping_add(1);
@@ -736,37 +561,4 @@ pub fn map_batch(
                 }
             },
         );
-}
-
-#[cfg(test)]
-mod tests {
-    /// straw2_choose's f64 floor division equals the integer one on the
-    /// whole input domain's edges and on random points.
-    #[test]
-    fn f64_floor_division_is_exact() {
-        let mut rng = iolift_testkit::Rng::new(1);
-        let mut next = move || rng.next_u64();
-        let edge_n = [0u64, 1, 2, (1 << 48) - 1, 1 << 48, 0xffff_ffff, 1 << 32];
-        let edge_w = [1u64, 2, 3, 0xffff, 0x10000, 0xffff_ffff, 0xffff_fffe, 7919];
-        let check = |n: u64, w: u64| {
-            assert_eq!((n as f64 / w as f64) as u64, n / w, "n={n} w={w}");
-        };
-        for &n in &edge_n {
-            for &w in &edge_w {
-                check(n, w);
-            }
-        }
-        for _ in 0..2_000_000 {
-            let n = next() % ((1 << 48) + 1);
-            let w = (next() >> (next() % 32)).max(1) & 0xffff_ffff;
-            check(n, w.max(1));
-            // Exact multiples and their neighbours.
-            let q = n / w.max(1);
-            for m in [q * w.max(1), (q * w.max(1)).saturating_sub(1)] {
-                if m <= 1 << 48 {
-                    check(m, w.max(1));
-                }
-            }
-        }
-    }
 }

@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use iolift_crush::tester::{run_test, TestOptions};
 use std::path::Path;
+use std::process::Command;
 
 fn ours(map_path: &Path, o: &TestOptions) -> Vec<u8> {
     let map = iolift_crush::decode(&std::fs::read(map_path).unwrap()).unwrap();
@@ -352,4 +353,71 @@ fn large_maps_match_crushtool() {
     let mut o = full(0, 4999);
     o.num_rep_both(4);
     compare(&p, &o);
+}
+
+/// Buckets wider than the choosers' lane batches (8 and 16 items) and tree
+/// buckets up to 7 levels deep (64 items), each algorithm at every level,
+/// under three tunables profiles (argonaut: the local fallback draws from
+/// every algorithm with the uniform permutation), straw2 with choose_args;
+/// every rule, numrep 1..10.
+#[test]
+fn wide_buckets_match_crushtool() {
+    let dir = tempfile::tempdir().unwrap();
+    let shapes = [
+        ("jewel", 2, 9, 17),
+        ("hammer", 1, 33, 2),
+        ("argonaut", 1, 2, 64),
+    ];
+    let mut lines = 0;
+    for (i, alg) in ALGS.iter().enumerate() {
+        for (j, &(tunables, racks, hosts, osds)) in shapes.iter().enumerate() {
+            let spec = Spec {
+                tunables,
+                algs: [*alg; 3],
+                racks,
+                hosts,
+                osds,
+                weights: 2,
+                classes: false,
+                choose_args: *alg == "straw2",
+                seed: (100 + 10 * i + j) as u64,
+            };
+            let path = compile(dir.path(), &format!("wide_{alg}_{j}"), &text_map(&spec));
+            lines += compare(&path, &full(0, 199));
+        }
+    }
+    assert!(lines > 100_000, "{lines}");
+}
+
+/// The comparisons above with the portable choosers (what a CPU without
+/// AVX2 runs): this test binary again with `IOLIFT_CRUSH_SIMD=portable`.
+/// (When that variable is already set, every test here runs that way and
+/// this one has nothing to add.)
+#[test]
+fn portable_choosers_match_crushtool() {
+    if std::env::var_os("IOLIFT_CRUSH_SIMD").is_some() {
+        return;
+    }
+    let tests = [
+        "text_corpus_matches_crushtool",
+        "built_maps_match_crushtool",
+        "wide_buckets_match_crushtool",
+        "reweights_pool_id_and_utilization_match",
+    ];
+    let o = Command::new(std::env::current_exe().unwrap())
+        .args(tests)
+        .arg("--exact")
+        .env("IOLIFT_CRUSH_SIMD", "portable")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "portable run failed:\n{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains(&format!("test result: ok. {} passed", tests.len())),
+        "{out}"
+    );
 }
