@@ -13,6 +13,8 @@
 #   bench/fs.sh                        # release build, R=3, RUNTIME=5
 #   R=1 RUNTIME=1 PROFILE=debug bench/fs.sh   # quick check of the script
 #   ONLY=q1 / ONLY=q2                  # one half
+#   BIN=/path/to/iolift                # use this binary, build nothing
+#   CELLS='stat|create|readdir'        # only the cells whose name matches
 #
 # Needs root (FUSE mounts), fio, bindfs, python3. Data lives under WORK
 # (default /var/tmp/iolift-fs-bench, on the root ext4), removed at the end.
@@ -27,6 +29,7 @@ PROFILE=${PROFILE:-release}
 ONLY=${ONLY:-all}
 WORK=${WORK:-/var/tmp/iolift-fs-bench}
 NFILES=${NFILES:-10000}
+CELLS=${CELLS:-.}   # regex: run only the cells whose name matches
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
 [[ $(id -u) == 0 ]] || { echo "bench/fs.sh needs root (FUSE mounts)" >&2; exit 1; }
@@ -34,12 +37,15 @@ for t in fio bindfs python3; do
     command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
 done
 
-if [[ $PROFILE == release ]]; then
-    nice -n 5 cargo build --release -q -p iolift --bin iolift
-else
-    nice -n 5 cargo build -q -p iolift --bin iolift
+# BIN=path/to/iolift skips the build (e.g. a binary built from a clean checkout).
+if [[ -z ${BIN:-} ]]; then
+    if [[ $PROFILE == release ]]; then
+        nice -n 5 cargo build --release -q -p iolift --bin iolift
+    else
+        nice -n 5 cargo build -q -p iolift --bin iolift
+    fi
+    BIN=$CARGO_TARGET_DIR/$([[ $PROFILE == release ]] && echo release || echo debug)/iolift
 fi
-BIN=$CARGO_TARGET_DIR/$([[ $PROFILE == release ]] && echo release || echo debug)/iolift
 
 SRC=$WORK/src
 MNT=$WORK/mnt
@@ -98,6 +104,7 @@ unmount_setup() {
 # run_cell SETUP CELL REPEAT CMD...: one measurement -> one JSON line in $RES/rows.
 run_cell() {
     local setup=$1 cell=$2 rep=$3; shift 3
+    [[ $cell =~ $CELLS ]] || return 0
     mount_setup "$setup"
     local t0 b0 s0=0 t1 b1 s1=0
     b0=$(busy_ticks); t0=$(date +%s.%N)

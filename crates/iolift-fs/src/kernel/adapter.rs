@@ -20,6 +20,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
+/// Entries asked of the backend per readdir (names only: the kernel's
+/// buffer of up to 128 KiB holds about 4000).
+const READDIR_BATCH: usize = 4096;
+/// Entries asked per readdirplus (each is looked up; see `readdirplus`).
+const READDIRPLUS_BATCH: usize = 56;
+
 /// Passthrough registrations: one backing id per node while it has open
 /// files (the kernel requires the same id for every open of an inode).
 #[derive(Default)]
@@ -436,7 +442,8 @@ impl fuser::Filesystem for Adapter {
                 Err(e) => reply.error(errno(e)),
             },
         );
-        self.fs.readdir(&ctx(req), ino.0, fh.0, offset, 4096, d)
+        self.fs
+            .readdir(&ctx(req), ino.0, fh.0, offset, READDIR_BATCH, d)
     }
     fn readdirplus(
         &self,
@@ -487,7 +494,12 @@ impl fuser::Filesystem for Adapter {
                 Err(e) => reply.error(errno(e)),
             },
         );
-        self.fs.readdirplus(&ctx(req), ino.0, fh.0, offset, 256, d)
+        // fuser does not say how large the kernel's buffer is (one page
+        // to 128 KiB); entries that do not fit are looked up for nothing
+        // and forgotten again, so ask for what one 8 KiB reply holds
+        // (about 150 bytes an entry) and let the kernel come back for more.
+        self.fs
+            .readdirplus(&ctx(req), ino.0, fh.0, offset, READDIRPLUS_BATCH, d)
     }
     fn releasedir(
         &self,

@@ -32,7 +32,9 @@ impl MirrorFs {
         let Some(lock) = &h.dir_lock else {
             return Err(Errno::ENOTDIR);
         };
-        let mut buf = vec![0u8; BATCH];
+        // About 32 bytes an entry for short names: do not read (and
+        // convert) far more than `max` entries only to drop them.
+        let mut buf = vec![0u8; BATCH.min(max.max(16) * 64)];
         let raw = {
             let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
             sys::getdents(h.fd.as_fd(), off, &mut buf)?
