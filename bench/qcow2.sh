@@ -16,6 +16,7 @@
 #   CLUSTER=4k bench/qcow2.sh               # many more L2 entries than qemu caches by default
 #   PROFILE=debug bench/qcow2.sh            # use the debug build
 #   KEEP=1 bench/qcow2.sh                   # keep the fio JSON files
+#   BUILD=0 bench/qcow2.sh                  # use the binary already built
 #
 # All servers read through the page cache (qemu-nbd's default
 # cache=writeback; iolift's qcow2 backend has no O_DIRECT yet), and the
@@ -38,7 +39,9 @@ for t in fio qemu-nbd qemu-img; do
     command -v $t >/dev/null || { echo "missing $t: run scripts/test.sh, which installs it" >&2; exit 1; }
 done
 fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
-if [[ $PROFILE == release ]]; then
+if [[ ${BUILD:-1} == 0 ]]; then
+    [[ -x $IOLIFT ]] || { echo "BUILD=0 but no $IOLIFT" >&2; exit 1; }
+elif [[ $PROFILE == release ]]; then
     cargo build --release -p iolift --bin iolift >&2
 else
     cargo build -p iolift --bin iolift >&2
