@@ -87,9 +87,15 @@ run() {
         /usr/bin/time -f "peak_rss_kib %M" "$IOLIFT" kv bench --env "$sys" \
             --db "$MNT/db" "${common[@]}" >"$out" 2>&1 ;;
     rocksdb)
+        # RocksDB's fillsync writes --num entries (LevelDB's and ours num/1000):
+        # it runs on its own with --num=NUM/1000.
         rm -rf "$MNT/rocks"
-        /usr/bin/time -f "peak_rss_kib %M" db_bench --db="$MNT/rocks" \
-            --compression_type=none "${common[@]}" >"$out" 2>&1 ;;
+        /usr/bin/time -f "peak_rss_kib %M" db_bench --db="$MNT/rocks" --compression_type=none \
+            --benchmarks="${BENCHES/,fillsync/}" --num="$NUM" --value_size="$v" >"$out" 2>&1 &&
+        if [[ $BENCHES == *fillsync* ]]; then
+            db_bench --db="$MNT/rocks" --compression_type=none --benchmarks=fillsync \
+                --num=$((NUM / 1000)) --value_size="$v" >>"$out" 2>&1
+        fi ;;
     *) echo "unknown system $sys" >&2; exit 1 ;;
     esac || { echo "== $sys failed:" >&2; cat "$out" >&2; exit 1; }
 }
