@@ -126,7 +126,7 @@ fn cluster_map_round_trip_and_reports() {
         Some(&vec![(from, to)]),
         "upmap in the map"
     );
-    assert!(m.primary_affinity.iter().any(|&a| a == 0x4000));
+    assert!(m.primary_affinity.contains(&0x4000));
 
     let pg3 = format!("{rbd}.3");
     for args in [

@@ -3,7 +3,7 @@
 //! the program name in messages is `iolift`). Operations run in
 //! osdmaptool's order: edits (--mark-up-in, --mark-out), --import-crush,
 //! --export-crush, --test-map-object, --test-map-pg, --test-map-pgs*,
-//! then --print and the write of a modified map.
+//! then the write of a modified map. `--print` is not implemented yet.
 
 mod report;
 
@@ -18,7 +18,7 @@ use std::process::ExitCode;
 pub struct OsdmapArgs {
     /// Binary OSDMap (`ceph osd getmap -o FILE`, `osdmaptool --createsimple`).
     pub mapfile: String,
-    /// Print a summary of the map.
+    /// Print a summary of the map: not implemented yet (an error).
     #[arg(long)]
     pub print: bool,
     /// Map all PGs; print the per-OSD summary.
@@ -83,6 +83,9 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
         export_crush: a.export_crush.filter(|s| !s.is_empty()),
         ..a
     };
+    if a.print {
+        bail!("--print is not implemented yet (use osdmaptool --print)");
+    }
     eprintln!("{ME}: osdmap file '{}'", a.mapfile);
     let bytes = std::fs::read(&a.mapfile).with_context(|| format!("reading {}", a.mapfile))?;
     let mut map =
@@ -186,8 +189,7 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
         let threads = iolift_osdmap::bulk::thread_count(a.threads);
         report::test_map_pgs(&map, a.pool, mode, threads, &mut out)?;
     }
-    let nothing = !a.print
-        && !modified
+    let nothing = !modified
         && a.export_crush.is_none()
         && a.test_map_object.is_none()
         && a.test_map_pg.is_none()
@@ -203,9 +205,6 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
     let write = modified || (a.save && edited);
     if write {
         map.epoch += 1;
-    }
-    if a.print {
-        report::print(&map, &mut out)?;
     }
     if write {
         let enc = iolift_osdmap::encode(&map);

@@ -1,5 +1,5 @@
 //! osdmaptool's report formats: `--test-map-pgs[-dump[-all]]` lines and
-//! per-OSD summary, set and PG formatting, `--print`.
+//! per-OSD summary, set and PG formatting.
 
 use anyhow::Result;
 use iolift_crush::tester::fmt_g;
@@ -268,10 +268,4 @@ fn g(v: f64) -> String {
         return "nan".into();
     }
     fmt_g(v)
-}
-
-/// `--print`.
-pub fn print(map: &OsdMap, out: &mut impl Write) -> Result<()> {
-    writeln!(out, "epoch {}", map.epoch)?;
-    Ok(())
 }
