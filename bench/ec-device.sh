@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Erasure-coded device benchmark: an `ec:` export (k=4, m=2, 64K chunks)
+# against a plain export of the same size, same fio jobs, same run,
+# alternating servers, medians + ratios + peak RSS. Not a test.
+#
+#   bench/ec-device.sh                  # R=3 repeats, RUNTIME=5 s per job
+#   R=5 RUNTIME=10 bench/ec-device.sh
+#   MEDIA=mem bench/ec-device.sh        # only memory-backed (or MEDIA=file)
+#   KEEP=1 bench/ec-device.sh           # keep the fio JSON files
+#   BUILD=0 bench/ec-device.sh          # use $CARGO_TARGET_DIR/release/iolift as it is
+#
+# Servers, per medium (mem: memory backends; file: files in $WORK):
+#   plain      memory:SIZE / file:plain.img,size=SIZE (SIZE = the ec export's size)
+#   ec         ec over 6 children of CHILD bytes (memory:CHILD / file:cN.img,size=CHILD)
+#   ec-deg     the same device with 2 children lost: file: two child files
+#              deleted before the start (rebuild=off); mem: the error stage
+#              on children 1 and 4 fails their reads from the 200th on, so
+#              the first benchmark read drops them (the start reads fewer)
+# Each repeat runs every server in turn (the order flips every repeat);
+# each server is filled first with 1M sequential writes (whole stripes),
+# then runs 4k and 128k, seq and rand, read and write, at iodepth 1 and
+# 32, fio ioengine=nbd, one connection. Summary: the median MB/s of each
+# job and server, the ratios ec/plain and ec-deg/ec, each server's peak
+# RSS (VmHWM), and the targets: healthy 128k seq write >= 0.8x plain,
+# degraded reads >= 0.5x healthy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+R=${R:-3}
+RUNTIME=${RUNTIME:-5}
+CHILD=${CHILD:-160M}
+MEDIA=${MEDIA:-mem file}
+THREADS=${THREADS:-2}
+TARGET=${CARGO_TARGET_DIR:-target}
+IOLIFT=$TARGET/release/iolift
+PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
+
+command -v fio >/dev/null || { echo "missing fio: run scripts/test.sh, which installs it" >&2; exit 1; }
+fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
+if [[ ${BUILD:-1} != 0 ]]; then
+    echo "== building iolift (release)" >&2
+    cargo build --release -p iolift --bin iolift >&2
+fi
+
+WORK=$(mktemp -d /tmp/iolift-ecbench.XXXXXX)
+. bench/lib.sh
+cleanup() {
+    if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    if [[ -z ${KEEP:-} ]]; then rm -rf "$WORK"; else echo "results kept in $WORK" >&2; fi
+}
+trap cleanup EXIT
+
+SOCK=$WORK/nbd.sock
+URI="nbd+unix:///?socket=$SOCK"
+EC_OPTS="k=4,m=2,chunk=64K"
+
+ec_spec() { # $1 medium, $2 degraded (0/1)
+    local kids=() i c
+    for i in 0 1 2 3 4 5; do
+        if [[ $1 == mem ]]; then c="memory:$CHILD"; else c="file:$WORK/c$i.img+size=$CHILD"; fi
+        if [[ $2 == 1 && $1 == mem && ( $i == 1 || $i == 4 ) ]]; then c="error:after=200+ops=read>$c"; fi
+        kids+=("$c")
+    done
+    local IFS=';'
+    local extra=""; [[ $2 == 1 ]] && extra=",rebuild=off"
+    echo "ec:${kids[*]},$EC_OPTS$extra"
+}
+
+start() { # $1 name, $2 spec
+    rm -f "$SOCK"
+    "$IOLIFT" serve --socket "$SOCK" --threads "$THREADS" "$2" 2>"$WORK/$1.log" &
+    SERVER_PID=$!
+    wait_socket "$1" "$SOCK"
+}
+
+job() { # $1 out.json, $2 rw, $3 bs, $4 iodepth
+    fio --name=j --ioengine=nbd --uri="$URI" --rw="$2" --bs="$3" --iodepth="$4" \
+        --time_based --runtime="$RUNTIME" --size="$SIZE" --randrepeat=0 \
+        --output-format=json --output="$1" >/dev/null
+}
+
+fill() {
+    fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 \
+        --size="$SIZE" >/dev/null
+}
+
+JOBS="read:4k write:4k randread:4k randwrite:4k read:128k write:128k randread:128k randwrite:128k"
+
+run_server() { # $1 medium, $2 server, $3 repeat
+    local med=$1 srv=$2 rep=$3 spec name=$1-$2
+    case $srv in
+        plain) if [[ $med == mem ]]; then spec="memory:$SIZE"; else spec="file:$WORK/plain.img,size=$SIZE"; fi ;;
+        ec) spec=$(ec_spec "$med" 0) ;;
+        ec-deg) spec=$(ec_spec "$med" 1) ;;
+    esac
+    if [[ $med == file ]]; then
+        rm -f "$WORK"/plain.img
+        [[ $srv == ec-deg ]] || rm -f "$WORK"/c*.img
+    fi
+    start "$name" "$spec"
+    [[ $srv == ec-deg && $med == file ]] || fill
+    local j rw bs qd
+    for j in $JOBS; do
+        rw=${j%%:*}; bs=${j##*:}
+        for qd in 1 32; do
+            job "$WORK/$name.$rw.$bs.qd$qd.r$rep.json" "$rw" "$bs" "$qd"
+        done
+    done
+    echo "$(peak_kib "$SERVER_PID")" >>"$WORK/$name.rss"
+    stop_server
+    if [[ $med == file && $srv == ec ]]; then
+        rm -f "$WORK"/c1.img "$WORK"/c4.img # the next ec-deg run starts degraded
+    fi
+}
+
+# the ec export's size, so the plain one matches it
+start size "$(ec_spec mem 0)"
+SIZE=$(nbdinfo --size "$URI")
+stop_server
+echo "== ec export $SIZE bytes over 6 x $CHILD children; RUNTIME=$RUNTIME R=$R; $(uptime)" >&2
+
+for rep in $(seq "$R"); do
+    for med in $MEDIA; do
+        order="plain ec ec-deg"; (( rep % 2 == 0 )) && order="ec ec-deg plain"
+        for srv in $order; do
+            echo "-- repeat $rep $med $srv" >&2
+            run_server "$med" "$srv" "$rep"
+        done
+    done
+done
+echo "== done; $(uptime)" >&2
+
+"$PY" - "$WORK" "$MEDIA" <<'PYEOF'
+import json, glob, os, statistics, sys
+work, media = sys.argv[1], sys.argv[2].split()
+def mbps(path):
+    j = json.load(open(path))["jobs"][0]
+    return (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6
+def med(name, job):
+    v = [mbps(p) for p in glob.glob(f"{work}/{name}.{job}.r*.json")]
+    return statistics.median(v) if v else float("nan")
+jobs = [f"{rw}.{bs}.qd{qd}" for bs in ("4k", "128k") for rw in ("read", "write", "randread", "randwrite") for qd in (1, 32)]
+fails = []
+for m in media:
+    print(f"\n{m}-backed: median MB/s")
+    print(f"{'job':22} {'plain':>9} {'ec':>9} {'ec-deg':>9} {'ec/plain':>9} {'deg/ec':>8}")
+    for j in jobs:
+        p, e, d = med(f"{m}-plain", j), med(f"{m}-ec", j), med(f"{m}-ec-deg", j)
+        print(f"{j:22} {p:9.1f} {e:9.1f} {d:9.1f} {e/p:9.2f} {d/e:8.2f}")
+        if j.startswith("write.128k") and e / p < 0.8:
+            fails.append(f"{m} {j}: ec/plain {e/p:.2f} < 0.8")
+        if "read" in j and d / e < 0.5:
+            fails.append(f"{m} {j}: degraded/healthy {d/e:.2f} < 0.5")
+    for s in ("plain", "ec", "ec-deg"):
+        f = f"{work}/{m}-{s}.rss"
+        if os.path.exists(f):
+            v = [int(x) for x in open(f).read().split()]
+            print(f"peak RSS {m}-{s}: {statistics.median(v)/1024:.0f} MiB (median of {len(v)})")
+print("\ntargets: healthy 128k seq write >= 0.8x plain, degraded reads >= 0.5x healthy")
+print("all met" if not fails else "missed:\n  " + "\n  ".join(fails))
+PYEOF
