@@ -48,7 +48,10 @@ fn dump(img: &Path) -> HashMap<String, String> {
 
 fn fsck_clean(img: &Path) {
     let out = ok(iolift().args(["accelfs", "fsck"]).arg(img));
-    assert!(!out.contains("error:") && out.contains(", 0 errors"), "{out}");
+    assert!(
+        !out.contains("error:") && out.contains(", 0 errors"),
+        "{out}"
+    );
 }
 
 fn verified_run(img: &Path) {
