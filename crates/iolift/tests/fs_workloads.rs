@@ -153,6 +153,9 @@ fn fio_verify_on_the_mirror_with_and_without_writeback_cache() {
                     "--verify_fatal=1",
                     "--do_verify=1",
                     "--group_reporting",
+                    // fio writes its verify state into the working directory
+                    // (the crate's source folder under cargo test) otherwise.
+                    "--verify_state_save=0",
                 ])
                 .arg(format!("--directory={}", m.mnt.display())),
         );
