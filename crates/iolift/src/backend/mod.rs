@@ -124,7 +124,8 @@ pub const BACKENDS: &[BackendKind] = &[
     BackendKind {
         name: "ec",
         arg: "CHILD;CHILD...",
-        summary: "erasure-coded over k+m child devices (survives the loss of m), see docs/ec-device.md",
+        summary:
+            "erasure-coded over k+m child devices (survives the loss of m), see docs/ec-device.md",
         options: ec::OPTIONS,
         check: |s| ec::parse(s).map(drop),
         open: ec::open,
