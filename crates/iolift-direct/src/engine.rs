@@ -1,4 +1,13 @@
-//! The direct I/O engine: one io_uring driven by one thread.
+//! The direct I/O engine: one io_uring driven by one thread, or by its
+//! callers (inline mode).
+//!
+//! Inline mode ([`Config::inline`]): no thread, no queue, no eventfd; the
+//! caller of [`Engine::submit_batch`] puts its requests into the ring and
+//! submits them and waits for their completions with one `io_uring_enter`,
+//! on its own thread (module [`inline`]). That is the path for queue
+//! depth 1 and for synchronous batches: a request costs one system call
+//! and no thread hand-off. The rest of this text is about the threaded
+//! mode, for callers that keep many requests in flight from other threads.
 //!
 //! Callers hand requests ([`Op`]) to [`Engine::submit`] from any thread;
 //! they go into a queue, and the engine's thread moves everything queued
@@ -31,6 +40,8 @@
 //! submitted is on stable storage (IORING_OP_FSYNC with DATASYNC): callers
 //! that need a write ordered before a flush wait for the write first.
 
+mod inline;
+
 use crate::buf::{AlignedBuf, Buf, FixedPool, PinHook};
 use crate::slot::{pair, Pending};
 use crate::target::Target;
@@ -58,6 +69,11 @@ pub struct Config {
     pub fixed_buf_size: usize,
     /// Called on the registered buffers' memory (page-locking for a GPU).
     pub pin: Option<Arc<dyn PinHook>>,
+    /// No engine thread: the submitting caller drives the ring itself and
+    /// waits for its requests there (see [`inline`]). Suits one caller
+    /// thread at queue depth 1 or with synchronous batches; callbacks run
+    /// on the caller's thread before `submit` returns.
+    pub inline: bool,
 }
 
 impl Default for Config {
@@ -69,6 +85,7 @@ impl Default for Config {
             fixed_bufs: 0,
             fixed_buf_size: 128 << 10,
             pin: None,
+            inline: false,
         }
     }
 }
@@ -82,6 +99,7 @@ impl std::fmt::Debug for Config {
             .field("fixed_bufs", &self.fixed_bufs)
             .field("fixed_buf_size", &self.fixed_buf_size)
             .field("pin", &self.pin.is_some())
+            .field("inline", &self.inline)
             .finish()
     }
 }
@@ -157,6 +175,8 @@ pub struct Engine {
     target: Arc<Target>,
     pool: Option<Arc<FixedPool>>,
     thread: Option<JoinHandle<()>>,
+    /// The ring, in inline mode (no thread then).
+    inline: Option<Mutex<inline::InlineRing>>,
     cfg: Config,
 }
 
@@ -252,6 +272,22 @@ impl Engine {
             max_batch: AtomicU64::new(0),
         });
         let target = Arc::new(target);
+        if cfg.inline {
+            let r = inline::InlineRing {
+                ring,
+                target: target.clone(),
+                _pool: pool.clone(),
+                iopoll: cfg.iopoll,
+            };
+            return Ok(Engine {
+                shared,
+                target,
+                pool,
+                thread: None,
+                inline: Some(Mutex::new(r)),
+                cfg,
+            });
+        }
         let t = Worker {
             ring,
             shared: shared.clone(),
@@ -268,6 +304,7 @@ impl Engine {
             target,
             pool,
             thread: Some(thread),
+            inline: None,
             cfg,
         };
         Ok(eng)
@@ -304,7 +341,7 @@ impl Engine {
     }
 
     /// Queues one request; `cb` runs on the engine's thread when it
-    /// completes.
+    /// completes (inline: on this thread, before this returns).
     pub fn submit(&self, op: Op, cb: Callback) {
         self.submit_batch(vec![(op, cb)]);
     }
@@ -317,6 +354,18 @@ impl Engine {
                     res: -libc::ESHUTDOWN,
                     buf: op_buf(op),
                 });
+            }
+            return;
+        }
+        if let Some(r) = &self.inline {
+            let n = ops.len() as u64;
+            let done = r
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .run(&self.shared, ops);
+            self.shared.ops.fetch_add(n, Ordering::Relaxed);
+            for (cb, d) in done {
+                cb(d);
             }
             return;
         }
@@ -392,6 +441,68 @@ fn op_buf(op: Op) -> Option<Buf> {
     }
 }
 
+/// The ring entry for `op`, or (a result, the buffer, is a flush to run
+/// here) when the op does not go into the ring.
+#[allow(clippy::type_complexity)]
+pub(crate) fn build(
+    op: Op,
+    iopoll: bool,
+) -> Result<(io_uring::squeue::Entry, Option<Buf>), (i32, Option<Buf>, bool)> {
+    let fd = types::Fixed(0);
+    match op {
+        Op::Flush if iopoll => Err((0, None, true)),
+        Op::Flush => Ok((
+            opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            None,
+        )),
+        Op::Read { offset, buf } | Op::Write { offset, buf }
+            if buf.len() > u32::MAX as usize || offset > i64::MAX as u64 =>
+        {
+            Err((-libc::EINVAL, Some(buf), false))
+        }
+        Op::Read { offset, mut buf } => {
+            let len = buf.len() as u32;
+            let Some(ptr) = buf.ptr_mut() else {
+                return Err((-libc::EINVAL, Some(buf), false));
+            };
+            let e = match buf.fixed_index() {
+                Some(i) => opcode::ReadFixed::new(fd, ptr, len, i)
+                    .offset(offset)
+                    .build(),
+                None => opcode::Read::new(fd, ptr, len).offset(offset).build(),
+            };
+            Ok((e, Some(buf)))
+        }
+        Op::Write { offset, buf } => {
+            let len = buf.len() as u32;
+            let e = match buf.fixed_index() {
+                Some(i) => opcode::WriteFixed::new(fd, buf.ptr(), len, i)
+                    .offset(offset)
+                    .build(),
+                None => opcode::Write::new(fd, buf.ptr(), len)
+                    .offset(offset)
+                    .build(),
+            };
+            Ok((e, Some(buf)))
+        }
+    }
+}
+
+/// fdatasync(2) on the target's descriptor: 0 or -errno.
+pub(crate) fn sync_now(t: &Target) -> i32 {
+    // SAFETY: fdatasync on the target's open descriptor.
+    let r = unsafe { libc::fdatasync(t.file().as_raw_fd()) };
+    if r == 0 {
+        0
+    } else {
+        -io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    }
+}
+
 /// The engine's thread: owns the ring.
 struct Worker {
     ring: IoUring,
@@ -418,7 +529,7 @@ impl Worker {
             let batch = std::mem::take(&mut *self.shared.queue.lock().unwrap());
             let mut pushed = 0u64;
             for (op, cb) in batch {
-                let (sqe, buf) = match self.build(op) {
+                let (sqe, buf) = match build(op, self.iopoll) {
                     Ok(x) => x,
                     Err((res, buf, flush)) => {
                         let res = if flush { self.sync_now() } else { res };
@@ -488,55 +599,6 @@ impl Worker {
         }
     }
 
-    /// The ring entry for `op`, or (a result, the buffer, is a flush to run
-    /// here) when the op does not go into the ring.
-    #[allow(clippy::type_complexity)]
-    fn build(
-        &self,
-        op: Op,
-    ) -> Result<(io_uring::squeue::Entry, Option<Buf>), (i32, Option<Buf>, bool)> {
-        let fd = types::Fixed(0);
-        match op {
-            Op::Flush if self.iopoll => Err((0, None, true)),
-            Op::Flush => Ok((
-                opcode::Fsync::new(fd)
-                    .flags(types::FsyncFlags::DATASYNC)
-                    .build(),
-                None,
-            )),
-            Op::Read { offset, buf } | Op::Write { offset, buf }
-                if buf.len() > u32::MAX as usize || offset > i64::MAX as u64 =>
-            {
-                Err((-libc::EINVAL, Some(buf), false))
-            }
-            Op::Read { offset, mut buf } => {
-                let len = buf.len() as u32;
-                let Some(ptr) = buf.ptr_mut() else {
-                    return Err((-libc::EINVAL, Some(buf), false));
-                };
-                let e = match buf.fixed_index() {
-                    Some(i) => opcode::ReadFixed::new(fd, ptr, len, i)
-                        .offset(offset)
-                        .build(),
-                    None => opcode::Read::new(fd, ptr, len).offset(offset).build(),
-                };
-                Ok((e, Some(buf)))
-            }
-            Op::Write { offset, buf } => {
-                let len = buf.len() as u32;
-                let e = match buf.fixed_index() {
-                    Some(i) => opcode::WriteFixed::new(fd, buf.ptr(), len, i)
-                        .offset(offset)
-                        .build(),
-                    None => opcode::Write::new(fd, buf.ptr(), len)
-                        .offset(offset)
-                        .build(),
-                };
-                Ok((e, Some(buf)))
-            }
-        }
-    }
-
     fn complete(&self, cb: Callback, res: i32, buf: Option<Buf>) {
         self.shared.ops.fetch_add(1, Ordering::Relaxed);
         cb(Done { res, buf });
@@ -544,15 +606,7 @@ impl Worker {
 
     /// fdatasync(2) on this thread (IOPOLL rings take no fsync).
     fn sync_now(&self) -> i32 {
-        // SAFETY: fdatasync on the target's open descriptor.
-        let r = unsafe { libc::fdatasync(self.target.file().as_raw_fd()) };
-        if r == 0 {
-            0
-        } else {
-            -io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO)
-        }
+        sync_now(&self.target)
     }
 
     /// Submits what is in the ring and waits for `want` completions,

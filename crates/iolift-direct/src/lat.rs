@@ -1,10 +1,13 @@
 //! Latency in a single-threaded tight loop (HAYAGUI's Figure 5): one
 //! request at a time at random offsets aligned to the request size, each
 //! timed, over
-//! - [`Path::Uring`]: the io_uring engine on a file or block device (one
-//!   registered buffer; write+sync = a write then a flush);
+//! - [`Path::Uring`]: the io_uring engine in inline mode (the caller
+//!   submits and reaps on its own ring: one `io_uring_enter` per request,
+//!   no thread hand-off) on a file or block device, with one registered
+//!   buffer and the registered file; write+sync = a write then a flush;
 //! - [`Path::Posix`]: pread(2) / pwrite(2) / fdatasync(2) on the same;
-//! - [`Path::Accelfs`]: a file of AccelFS (write+sync = hard sync).
+//! - [`Path::Accelfs`]: a file of AccelFS on the engine in inline mode
+//!   (write+sync = hard sync).
 //!
 //! A raw file or device should be filled by the caller first (reads of a
 //! hole cost no I/O); the AccelFS file is written in full here first.
@@ -139,6 +142,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                 Config {
                     fixed_bufs: 1,
                     fixed_buf_size: bs,
+                    inline: true,
                     ..Config::default()
                 },
             )?;
@@ -169,7 +173,11 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
             }
         }
         Path::Accelfs => {
-            let mut fs = Fs::mount(Engine::new(t, Config::default())?)?;
+            let cfg = Config {
+                inline: true,
+                ..Config::default()
+            };
+            let mut fs = Fs::mount(Engine::new(t, cfg)?)?;
             if fs.stat("/lat").is_ok() {
                 fs.remove("/lat")?;
             }

@@ -126,6 +126,26 @@ fn random_operations_on_a_loop_device() {
     model_run(Engine::new(t, Config::default()).unwrap(), 13, 8192, 200);
 }
 
+#[test]
+fn random_operations_on_the_inline_engine() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("fs.img");
+    let t = Target::open(
+        &img,
+        &Open {
+            direct: Direct::Auto,
+            create_size: Some(16 << 20),
+            ..Open::default()
+        },
+    )
+    .unwrap();
+    let cfg = Config {
+        inline: true,
+        ..Config::default()
+    };
+    model_run(Engine::new(t, cfg).unwrap(), 14, 4096, 300);
+}
+
 /// Random operations against the model on a fresh file system; see the
 /// module docs.
 fn model_run(eng: Engine, seed: u64, bs: u32, steps: usize) {

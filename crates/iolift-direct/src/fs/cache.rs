@@ -30,6 +30,11 @@ impl Cache {
         }
     }
 
+    /// The most blocks it holds.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }

@@ -3,7 +3,7 @@
 
 use super::cache::Cache;
 use super::layout::*;
-use super::{File, Fs};
+use super::{File, Fs, READ_AHEAD_MAX};
 use crate::buf::AlignedBuf;
 use std::io;
 
@@ -25,6 +25,7 @@ impl Fs {
             cache: Cache::new(self.cache_blocks),
             inode_dirty: false,
             written_past: std::collections::HashSet::new(),
+            ra_next: u64::MAX,
         })
     }
 
@@ -90,6 +91,11 @@ impl Fs {
         fb: u64,
     ) -> io::Result<&'f mut AlignedBuf> {
         if !f.cache.contains(fb) {
+            let sequential = f.ra_next == fb;
+            if sequential && self.read_ahead(f, fb)? {
+                return Ok(f.cache.get_mut(fb).expect("block just cached"));
+            }
+            f.ra_next = fb + 1;
             self.make_room(f)?;
             let bs = self.dev.bs as u64;
             let ours = f.written_past.contains(&fb);
@@ -114,6 +120,45 @@ impl Fs {
             }
         }
         Ok(f.cache.get_mut(fb).expect("block just cached"))
+    }
+
+    /// On a miss right after the previous one (a sequential reader): reads
+    /// `fb` and the blocks after it that are stored right after it on the
+    /// disk, up to half the cache (at most [`READ_AHEAD_MAX`]), with one
+    /// request. Only blocks whose disk copy is the file's (below the size
+    /// at open, or written back since) and not cached are read. Returns
+    /// false (nothing done) when fewer than two blocks qualify.
+    fn read_ahead(&mut self, f: &mut File, fb: u64) -> io::Result<bool> {
+        let want = (f.cache.cap() / 2).min(READ_AHEAD_MAX) as u64;
+        if want < 2 {
+            return Ok(false);
+        }
+        let bs = self.dev.bs as u64;
+        let readable = |f: &File, b: u64| {
+            !f.cache.contains(b) && ((b + 1) * bs <= f.trusted || f.written_past.contains(&b))
+        };
+        if !readable(f, fb) {
+            return Ok(false);
+        }
+        let Some(first) = self.bmap(&f.inode, fb)? else {
+            return Ok(false);
+        };
+        let mut n = 1;
+        while n < want && readable(f, fb + n) && self.bmap(&f.inode, fb + n)? == Some(first + n) {
+            n += 1;
+        }
+        if n < 2 {
+            return Ok(false);
+        }
+        let run = self.dev.read_run(first, n as usize)?;
+        for (i, chunk) in run.chunks_exact(bs as usize).enumerate() {
+            self.make_room(f)?;
+            let mut b = AlignedBuf::new(bs as usize);
+            b.copy_from_slice(chunk);
+            f.cache.insert(fb + i as u64, b);
+        }
+        f.ra_next = fb + n;
+        Ok(true)
     }
 
     /// Evicts one block when the cache is full, writing it back if dirty.

@@ -52,6 +52,10 @@ use std::io;
 /// Blocks the cache keeps per open file unless told otherwise.
 pub const DEFAULT_CACHE_BLOCKS: usize = 16;
 
+/// The most blocks one read-ahead brings in (at most half of a file's
+/// cache is used for it).
+pub const READ_AHEAD_MAX: usize = 32;
+
 /// Indirect blocks the file system keeps in memory (shared by all files;
 /// write-through, so never dirty). At 8 KiB blocks: 512 KiB.
 pub const IND_CACHE_BLOCKS: usize = 64;
@@ -95,6 +99,31 @@ impl Dev {
             return Err(corrupt(format!(
                 "block {b}: short read ({n} of {} bytes)",
                 self.bs
+            )));
+        }
+        match d.buf {
+            Some(Buf::Aligned(a)) => Ok(a),
+            _ => unreachable!("the engine gives back the buffer it was given"),
+        }
+    }
+
+    /// Reads `n` consecutive blocks from `b` with one request.
+    pub fn read_run(&self, b: u64, n: usize) -> io::Result<AlignedBuf> {
+        let len = n * self.bs;
+        let d = self
+            .eng
+            .run(Op::Read {
+                offset: b * self.bs as u64,
+                buf: Buf::Aligned(AlignedBuf::new(len)),
+            })
+            .wait();
+        let got = d
+            .result()
+            .map_err(|e| io_ctx(e, &format!("read of blocks {b}..{}", b + n as u64)))?;
+        if got != len {
+            return Err(corrupt(format!(
+                "blocks {b}..{}: short read ({got} of {len} bytes)",
+                b + n as u64
             )));
         }
         match d.buf {
@@ -160,6 +189,9 @@ pub struct File {
     /// zeroes, except in the blocks written back since the open.
     trusted: u64,
     written_past: std::collections::HashSet<u64>,
+    /// The file block after the last one a miss brought in: a miss there
+    /// is sequential and reads ahead (file.rs).
+    ra_next: u64,
 }
 
 impl File {

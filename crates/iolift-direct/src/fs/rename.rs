@@ -123,6 +123,7 @@ impl Fs {
         f.inode_dirty = false;
         f.trusted = 0;
         f.written_past.clear();
+        f.ra_next = u64::MAX;
         Ok(())
     }
 }

@@ -1,0 +1,114 @@
+//! The inline mode of the engine ([`super::Config::inline`]): no engine
+//! thread; the caller that submits puts its requests into the ring, enters
+//! the kernel once to submit them and wait for all their completions, and
+//! reaps them itself. One system call per request or batch and no thread
+//! hand-off, which is what a single-threaded caller at queue depth 1 (a
+//! latency loop, AccelFS, the key-value store) wants. Callers on several
+//! threads take turns: the ring is behind a mutex held for a whole batch,
+//! so the engine does not overlap requests of different callers.
+
+use super::{build, sync_now, Callback, Done, Op, Shared};
+use crate::buf::{Buf, FixedPool};
+use crate::target::Target;
+use io_uring::IoUring;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The ring, owned by whichever caller holds the engine's mutex.
+pub(super) struct InlineRing {
+    pub ring: IoUring,
+    pub target: Arc<Target>,
+    /// Keeps the registered memory alive as long as the ring (dropped
+    /// after it: fields drop in order).
+    pub _pool: Option<Arc<FixedPool>>,
+    pub iopoll: bool,
+}
+
+impl InlineRing {
+    /// Runs `ops` to completion: as many as the submission queue holds at
+    /// a time, one `io_uring_enter` per such group. Returns each request's
+    /// callback with its completion, in the order given; the caller runs
+    /// them once it released the ring.
+    pub fn run(&mut self, shared: &Shared, ops: Vec<(Op, Callback)>) -> Vec<(Callback, Done)> {
+        let mut out: Vec<Option<(Callback, Done)>> = Vec::with_capacity(ops.len());
+        let cap = self.ring.params().sq_entries() as usize;
+        // (index in `out`, callback, buffer) of the requests in the ring.
+        let mut in_ring: Vec<(usize, Option<Callback>, Option<Buf>)> = Vec::new();
+        let mut ops = ops.into_iter().peekable();
+        while ops.peek().is_some() {
+            in_ring.clear();
+            for (op, cb) in ops.by_ref() {
+                let i = out.len();
+                out.push(None);
+                match build(op, self.iopoll) {
+                    Ok((sqe, buf)) => {
+                        let sqe = sqe.user_data(in_ring.len() as u64);
+                        // SAFETY: the entry's buffer stays in `in_ring`
+                        // until its completion is reaped below.
+                        let pushed = unsafe { self.ring.submission().push(&sqe) };
+                        debug_assert!(pushed.is_ok(), "at most sq_entries per group");
+                        in_ring.push((i, Some(cb), buf));
+                    }
+                    Err((res, buf, flush)) => {
+                        // Not for the ring: an invalid request, or a flush
+                        // on an IOPOLL ring (fdatasync after the writes
+                        // already in the ring complete).
+                        if flush && !in_ring.is_empty() {
+                            submit_and_reap(self, shared, &mut in_ring, &mut out);
+                        }
+                        let res = if flush { sync_now(&self.target) } else { res };
+                        out[i] = Some((cb, Done { res, buf }));
+                    }
+                }
+                if in_ring.len() == cap {
+                    break;
+                }
+            }
+            if !in_ring.is_empty() {
+                shared
+                    .max_batch
+                    .fetch_max(in_ring.len() as u64, Ordering::Relaxed);
+                submit_and_reap(self, shared, &mut in_ring, &mut out);
+            }
+        }
+        out.into_iter()
+            .map(|x| x.expect("every request completed"))
+            .collect()
+    }
+}
+
+/// Submits the requests in the ring, waits for all of them and moves their
+/// completions into `out`.
+fn submit_and_reap(
+    r: &mut InlineRing,
+    shared: &Shared,
+    in_ring: &mut Vec<(usize, Option<Callback>, Option<Buf>)>,
+    out: &mut [Option<(Callback, Done)>],
+) {
+    let mut left = in_ring.len();
+    while left > 0 {
+        shared.enters.fetch_add(1, Ordering::Relaxed);
+        match r.ring.submit_and_wait(left) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            // The completion queue is full: the reap below makes room.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {}
+            // As on the engine's thread: the ring itself failed (a bug,
+            // not bad input), and the kernel may still own the buffers.
+            Err(e) => panic!("io_uring_enter on {}: {e}", r.target.path().display()),
+        }
+        for c in r.ring.completion() {
+            let (i, cb, buf) = &mut in_ring[c.user_data() as usize];
+            let cb = cb.take().expect("one completion per request");
+            out[*i] = Some((
+                cb,
+                Done {
+                    res: c.result(),
+                    buf: buf.take(),
+                },
+            ));
+            left -= 1;
+        }
+    }
+    in_ring.clear();
+}
