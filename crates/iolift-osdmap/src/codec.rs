@@ -49,6 +49,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(1, field)?[0])
     }
 
+    /// The next byte, not consumed.
+    pub fn peek_u8(&self, field: &str) -> Result<u8> {
+        match self.buf.get(self.pos) {
+            Some(&b) => Ok(b),
+            None => Err(OsdMapError::Truncated {
+                offset: self.offset(),
+                field: field.to_string(),
+                needed: 1,
+                left: 0,
+            }),
+        }
+    }
+
     pub fn u16(&mut self, field: &str) -> Result<u16> {
         let b = self.take(2, field)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))

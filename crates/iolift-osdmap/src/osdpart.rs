@@ -2,8 +2,9 @@
 //! decode time: the fields `--print` shows and the release the map
 //! requires (which decides whether a new crush map bumps crush_version).
 
+use crate::addr::{Addr, AddrVec};
 use crate::codec::Reader;
-use crate::types::OsdMap;
+use crate::types::{OsdMap, UTime};
 use crate::Result;
 
 /// `ceph_release_t::luminous`.
@@ -16,6 +17,10 @@ pub struct OsdPart {
     /// Per OSD: (up_from, up_thru, down_at, last_clean_begin, last_clean_end, lost_at).
     pub osd_info: Vec<[u32; 6]>,
     pub blocklist_len: usize,
+    /// Blocklisted addresses and when they expire, in encoded order.
+    pub blocklist: Vec<(Addr, UTime)>,
+    pub cluster_addrs: Vec<AddrVec>,
+    pub range_blocklist: Vec<(Addr, UTime)>,
     pub cluster_snapshot: String,
     pub osd_uuid: Vec<[u8; 16]>,
     pub nearfull_ratio: f32,
@@ -24,6 +29,12 @@ pub struct OsdPart {
     pub require_min_compat_client: u8,
     pub require_osd_release: u8,
     pub stretch_mode_enabled: bool,
+    pub stretch_bucket_count: u32,
+    pub degraded_stretch_mode: u32,
+    pub recovering_stretch_mode: u32,
+    pub stretch_mode_bucket: i32,
+    /// Per pool: snap intervals (start, length) queued for removal.
+    pub removed_snaps_queue: Vec<(i64, Vec<(u64, u64)>)>,
 }
 
 fn skip_addrvecs(r: &mut Reader, field: &str) -> Result<()> {
@@ -57,11 +68,15 @@ impl OsdMap {
         }
         let n = r.count("blocklist", 9)?;
         for _ in 0..n {
-            crate::decode::skip_addr(&mut r, "blocklist")?;
-            r.take(8, "blocklist expiry")?;
+            let a = Addr::read(&mut r, "blocklist")?;
+            let t = UTime {
+                sec: r.u32("blocklist expiry")?,
+                nsec: r.u32("blocklist expiry")?,
+            };
+            p.blocklist.push((a, t));
         }
         p.blocklist_len = n;
-        skip_addrvecs(&mut r, "cluster_addrs")?;
+        p.cluster_addrs = AddrVec::read_list(&mut r, "cluster_addrs")?;
         r.u32("cluster_snapshot_epoch")?;
         p.cluster_snapshot = r.string("cluster_snapshot")?;
         let n = r.count("osd_uuid", 16)?;
@@ -86,20 +101,43 @@ impl OsdMap {
             p.require_min_compat_client = r.u8("require_min_compat_client")?;
             p.require_osd_release = r.u8("require_osd_release")?;
         }
-        // removed_snaps_queue, crush_node_flags, device_class_flags (v6..9)
-        // are not needed; stretch mode (v10) follows them.
-        if v >= 10 {
+        // removed_snaps_queue (v6), crush_node_flags and
+        // device_class_flags (v7, v8), then stretch mode (v10).
+        if v >= 6 {
             let n = r.count("removed_snaps_queue", 12)?;
             for _ in 0..n {
-                r.i64("removed_snaps_queue pool")?;
+                let pool = r.i64("removed_snaps_queue pool")?;
                 let m = r.count("removed_snaps_queue intervals", 16)?;
-                r.take(m * 16, "removed_snaps_queue intervals")?;
+                let mut iv = Vec::with_capacity(m);
+                for _ in 0..m {
+                    iv.push((r.u64("removed_snaps_queue")?, r.u64("removed_snaps_queue")?));
+                }
+                p.removed_snaps_queue.push((pool, iv));
             }
-            for field in ["crush_node_flags", "device_class_flags"] {
+        }
+        for (field, since) in [("crush_node_flags", 8), ("device_class_flags", 9)] {
+            if v >= since {
                 let n = r.count(field, 8)?;
                 r.take(n * 8, field)?;
             }
+        }
+        if v >= 10 {
             p.stretch_mode_enabled = r.u8("stretch_mode_enabled")? != 0;
+            p.stretch_bucket_count = r.u32("stretch_bucket_count")?;
+            p.degraded_stretch_mode = r.u32("degraded_stretch_mode")?;
+            p.recovering_stretch_mode = r.u32("recovering_stretch_mode")?;
+            p.stretch_mode_bucket = r.i32("stretch_mode_bucket")?;
+        }
+        if v >= 11 {
+            let n = r.count("range_blocklist", 9)?;
+            for _ in 0..n {
+                let a = Addr::read(&mut r, "range_blocklist")?;
+                let t = UTime {
+                    sec: r.u32("range_blocklist expiry")?,
+                    nsec: r.u32("range_blocklist expiry")?,
+                };
+                p.range_blocklist.push((a, t));
+            }
         }
         Ok(p)
     }
