@@ -55,9 +55,24 @@ pub struct LatResult {
     pub mean_us: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    /// CPU time (user + system, every thread of the process) per request,
+    /// in microseconds: the cost of issuing and completing it, which a
+    /// loaded machine does not inflate the way it inflates wall time.
+    pub cpu_us: f64,
 }
 
-fn summary(mut ns: Vec<u64>) -> LatResult {
+/// CPU time of the whole process (every thread) so far, in microseconds.
+fn cpu_now_us() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e6 + ts.tv_nsec as f64 / 1e3
+}
+
+fn summary(mut ns: Vec<u64>, cpu_us: f64) -> LatResult {
     ns.sort_unstable();
     let at = |q: f64| ns[((ns.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
     LatResult {
@@ -65,6 +80,7 @@ fn summary(mut ns: Vec<u64>) -> LatResult {
         mean_us: ns.iter().sum::<u64>() as f64 / ns.len() as f64 / 1000.0,
         p50_us: at(0.5),
         p99_us: at(0.99),
+        cpu_us: cpu_us / ns.len() as f64,
     }
 }
 
@@ -114,6 +130,8 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
     buf.copy_from_slice(&pattern);
     let writes = spec.op != LatOp::Read;
     let mut ns = Vec::with_capacity(spec.count);
+    // CPU time of the timed requests only (setup and filling excluded).
+    let mut cpu = 0.0;
     match spec.path {
         Path::Posix => {
             let f = t.file();
@@ -122,6 +140,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                 if writes {
                     buf.copy_from_slice(&pattern);
                 }
+                let c0 = cpu_now_us();
                 let t0 = Instant::now();
                 match spec.op {
                     LatOp::Read => {
@@ -134,6 +153,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                     }
                 }
                 ns.push(t0.elapsed().as_nanos() as u64);
+                cpu += cpu_now_us() - c0;
             }
         }
         Path::Uring => {
@@ -152,6 +172,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                 if writes {
                     b.copy_from_slice(&pattern);
                 }
+                let c0 = cpu_now_us();
                 let t0 = Instant::now();
                 let op = match spec.op {
                     LatOp::Read => Op::Read {
@@ -169,6 +190,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                     eng.flush().wait().result()?;
                 }
                 ns.push(t0.elapsed().as_nanos() as u64);
+                cpu += cpu_now_us() - c0;
                 b = d.buf.expect("the engine gives the buffer back");
             }
         }
@@ -192,6 +214,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                 if writes {
                     buf.copy_from_slice(&pattern);
                 }
+                let c0 = cpu_now_us();
                 let t0 = Instant::now();
                 match spec.op {
                     LatOp::Read => {
@@ -204,10 +227,11 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                     }
                 }
                 ns.push(t0.elapsed().as_nanos() as u64);
+                cpu += cpu_now_us() - c0;
             }
             fs.close(f)?;
             fs.unmount()?;
         }
     }
-    Ok(summary(ns))
+    Ok(summary(ns, cpu))
 }

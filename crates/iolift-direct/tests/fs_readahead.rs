@@ -1,7 +1,8 @@
-//! AccelFS read-ahead: a sequential reader's misses bring in several
-//! blocks with one request (fewer engine requests than blocks), random and
-//! sequential reads return the file's bytes, and blocks an unsynced write
-//! left on disk past the size at open are never read ahead as the file's.
+//! AccelFS read-ahead and cache budget: a sequential reader's misses bring
+//! in several blocks with one request (fewer engine requests than blocks),
+//! random and sequential reads return the file's bytes, blocks an unsynced
+//! write left on disk past the size at open are never read ahead as the
+//! file's, and all open files' caches together stay within the budget.
 
 use iolift_direct::fs::{Fs, Mkfs};
 use iolift_direct::{Config, Direct, Engine, Open, Target};
@@ -140,5 +141,50 @@ fn read_ahead_never_returns_bytes_past_the_size_at_open() {
     assert_eq!(fs.read(&mut f, 0, &mut again).unwrap(), bs * 32);
     assert!(again == all, "after the sync: the same bytes");
     fs.close(f).unwrap();
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn all_caches_together_stay_within_the_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("fs.img");
+    let mut fs = mount(&img, true);
+    fs.set_cache_blocks(64);
+    fs.set_cache_budget(40);
+    let mut rng = Rng::new(9);
+    let mut files = Vec::new();
+    let mut datas = Vec::new();
+    for i in 0..6 {
+        let mut data = vec![0u8; 40 * 8192 + i * 1000];
+        rng.fill(&mut data);
+        let name = format!("/f{i}");
+        fs.create(&name).unwrap();
+        let mut f = fs.open(&name).unwrap();
+        fs.write(&mut f, 0, &data).unwrap();
+        assert!(
+            fs.cached_blocks() <= 40 + files.len() + 1,
+            "{}",
+            fs.cached_blocks()
+        );
+        files.push(f);
+        datas.push(data);
+    }
+    // Reads over all of them, interleaved: the bytes, and the bound.
+    for _ in 0..400 {
+        let i = rng.index(files.len());
+        let off = rng.below(datas[i].len() as u64) as usize;
+        let mut b = vec![0u8; 1 + rng.index(30000)];
+        let n = fs.read(&mut files[i], off as u64, &mut b).unwrap();
+        assert!(b[..n] == datas[i][off..off + n], "file {i} at {off}");
+        assert!(
+            fs.cached_blocks() <= 40 + files.len(),
+            "{}",
+            fs.cached_blocks()
+        );
+    }
+    for f in files {
+        fs.close(f).unwrap();
+    }
+    assert_eq!(fs.cached_blocks(), 0, "closed files hold no blocks");
     fs.unmount().unwrap();
 }

@@ -3,9 +3,15 @@
 //! default, as in HAYAGUI). A block is dirty from a write until it is
 //! written back (on eviction or sync). When the table is full, the least
 //! recently used block is evicted (written back first if dirty).
+//!
+//! The caches of one file system also count their blocks in one shared
+//! counter, so that the file system can hold all of them to a total
+//! budget as well (see `Fs::set_cache_budget`).
 
 use crate::buf::AlignedBuf;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 struct Slot {
     data: AlignedBuf,
@@ -18,15 +24,25 @@ pub struct Cache {
     map: HashMap<u64, Slot>,
     cap: usize,
     tick: u64,
+    /// Blocks in every cache sharing this counter.
+    total: Arc<AtomicUsize>,
 }
 
 impl Cache {
-    /// A cache of at most `cap` (>= 1) blocks.
+    /// A cache of at most `cap` (>= 1) blocks, counting alone.
     pub fn new(cap: usize) -> Cache {
+        Cache::counted(cap, Arc::default())
+    }
+
+    /// A cache of at most `cap` (>= 1) blocks whose blocks are also counted
+    /// in `total`.
+    pub fn counted(cap: usize, total: Arc<AtomicUsize>) -> Cache {
         Cache {
-            map: HashMap::with_capacity(cap.max(1)),
+            // Grows as blocks come: a large cap costs nothing unused.
+            map: HashMap::with_capacity(cap.clamp(1, 16)),
             cap: cap.max(1),
             tick: 0,
+            total,
         }
     }
 
@@ -65,6 +81,9 @@ impl Cache {
     pub fn insert(&mut self, fb: u64, data: AlignedBuf) {
         debug_assert!(self.map.len() < self.cap || self.map.contains_key(&fb));
         self.tick += 1;
+        if !self.map.contains_key(&fb) {
+            self.total.fetch_add(1, Ordering::Relaxed);
+        }
         self.map.insert(
             fb,
             Slot {
@@ -87,8 +106,15 @@ impl Cache {
         if self.map.len() < self.cap {
             return None;
         }
+        self.evict_lru()
+    }
+
+    /// Removes the least recently used block (if any) and returns it with
+    /// its dirty flag.
+    pub fn evict_lru(&mut self) -> Option<(u64, AlignedBuf, bool)> {
         let fb = *self.map.iter().min_by_key(|(_, s)| s.used)?.0;
         let s = self.map.remove(&fb)?;
+        self.total.fetch_sub(1, Ordering::Relaxed);
         Some((fb, s.data, s.dirty))
     }
 
@@ -111,6 +137,12 @@ impl Cache {
         let mut c = AlignedBuf::new(s.data.len());
         c.copy_from_slice(&s.data);
         Some(c)
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.map.len(), Ordering::Relaxed);
     }
 }
 
@@ -146,5 +178,23 @@ mod tests {
         assert_eq!(c.dirty_count(), 1);
         let (fb, _, dirty) = c.evict_if_full().unwrap();
         assert_eq!((fb, dirty), (2, false), "the least recently used");
+    }
+
+    #[test]
+    fn caches_count_their_blocks_in_the_shared_total() {
+        let total = Arc::new(AtomicUsize::new(0));
+        let mut a = Cache::counted(4, total.clone());
+        let mut b = Cache::counted(4, total.clone());
+        a.insert(0, blk(0));
+        a.insert(1, blk(1));
+        a.insert(1, blk(2)); // the same block again: still two
+        b.insert(9, blk(9));
+        assert_eq!(total.load(Ordering::Relaxed), 3);
+        assert_eq!(a.evict_lru().unwrap().0, 0);
+        assert_eq!(total.load(Ordering::Relaxed), 2);
+        drop(a);
+        assert_eq!(total.load(Ordering::Relaxed), 1);
+        drop(b);
+        assert_eq!(total.load(Ordering::Relaxed), 0);
     }
 }

@@ -22,7 +22,7 @@ impl Fs {
             ino,
             trusted: inode.size,
             inode,
-            cache: Cache::new(self.cache_blocks),
+            cache: Cache::counted(self.cache_blocks, self.cache_total.clone()),
             inode_dirty: false,
             written_past: std::collections::HashSet::new(),
             ra_next: u64::MAX,
@@ -129,7 +129,11 @@ impl Fs {
     /// at open, or written back since) and not cached are read. Returns
     /// false (nothing done) when fewer than two blocks qualify.
     fn read_ahead(&mut self, f: &mut File, fb: u64) -> io::Result<bool> {
-        let want = (f.cache.cap() / 2).min(READ_AHEAD_MAX) as u64;
+        let mut want = (f.cache.cap() / 2).min(READ_AHEAD_MAX) as u64;
+        if self.cached_blocks() >= self.cache_budget {
+            // Every block read ahead would evict one of the file's own.
+            want = want.min(f.cache.len() as u64 / 2);
+        }
         if want < 2 {
             return Ok(false);
         }
@@ -151,7 +155,9 @@ impl Fs {
             return Ok(false);
         }
         let run = self.dev.read_run(first, n as usize)?;
-        for (i, chunk) in run.chunks_exact(bs as usize).enumerate() {
+        // Last block first: `fb` ends up the most recently used, so no
+        // eviction for a later one can take it.
+        for (i, chunk) in run.chunks_exact(bs as usize).enumerate().rev() {
             self.make_room(f)?;
             let mut b = AlignedBuf::new(bs as usize);
             b.copy_from_slice(chunk);
@@ -161,9 +167,16 @@ impl Fs {
         Ok(true)
     }
 
-    /// Evicts one block when the cache is full, writing it back if dirty.
+    /// Evicts one block when the cache is full, or when the file system's
+    /// cache budget is spent and the file has a block; writes it back if
+    /// dirty.
     pub(super) fn make_room(&mut self, f: &mut File) -> io::Result<()> {
-        if let Some((fb, data, dirty)) = f.cache.evict_if_full() {
+        let victim = if self.cached_blocks() >= self.cache_budget {
+            f.cache.evict_lru()
+        } else {
+            f.cache.evict_if_full()
+        };
+        if let Some((fb, data, dirty)) = victim {
             if dirty {
                 // The other dirty blocks go in the same batch and stay
                 // cached, clean.

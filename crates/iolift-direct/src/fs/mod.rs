@@ -52,6 +52,10 @@ use std::io;
 /// Blocks the cache keeps per open file unless told otherwise.
 pub const DEFAULT_CACHE_BLOCKS: usize = 16;
 
+/// Blocks all open files' caches keep together unless told otherwise
+/// (64 MiB at 8 KiB blocks); see [`Fs::set_cache_budget`].
+pub const DEFAULT_CACHE_BUDGET: usize = 8192;
+
 /// The most blocks one read-ahead brings in (at most half of a file's
 /// cache is used for it).
 pub const READ_AHEAD_MAX: usize = 32;
@@ -217,6 +221,11 @@ pub struct Fs {
     bitmap: Vec<u8>,
     itable: Vec<u8>,
     cache_blocks: usize,
+    /// The most blocks all open files' caches hold together (past it, a
+    /// file makes room in its own cache before it adds a block).
+    cache_budget: usize,
+    /// Blocks in all open files' caches now.
+    cache_total: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Where the next search for a free data block starts (next fit).
     alloc_next: u64,
     /// Indirect blocks as last read or written: physical block ->
@@ -261,6 +270,8 @@ impl Fs {
             bitmap,
             itable,
             cache_blocks: DEFAULT_CACHE_BLOCKS,
+            cache_budget: DEFAULT_CACHE_BUDGET,
+            cache_total: Default::default(),
             alloc_next: 0,
             ind_cache: Default::default(),
             ind_defer: None,
@@ -285,5 +296,18 @@ impl Fs {
     /// Blocks per open file's cache, for files opened from now on (>= 1).
     pub fn set_cache_blocks(&mut self, n: usize) {
         self.cache_blocks = n.max(1);
+    }
+
+    /// Blocks all open files' caches hold together (>= 1): once they hold
+    /// that many, a file that needs a block first evicts one of its own
+    /// (when it has one). So the caches take at most this many blocks plus
+    /// one per open file, each file at most its own bound.
+    pub fn set_cache_budget(&mut self, n: usize) {
+        self.cache_budget = n.max(1);
+    }
+
+    /// Blocks in all open files' caches now.
+    pub fn cached_blocks(&self) -> usize {
+        self.cache_total.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

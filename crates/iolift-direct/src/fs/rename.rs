@@ -119,7 +119,7 @@ impl Fs {
             self.put_bitmap_bit(blk, false)?;
         }
         f.inode = empty;
-        f.cache = Cache::new(self.cache_blocks);
+        f.cache = Cache::counted(self.cache_blocks, self.cache_total.clone());
         f.inode_dirty = false;
         f.trusted = 0;
         f.written_past.clear();
