@@ -15,6 +15,7 @@ pub mod mirror;
 pub mod model;
 pub mod null;
 pub mod stats;
+pub mod virtio;
 
 pub use fs::FileSystem;
 pub use model::{Attr, Ctx, Done, Entry, Errno, FsResult, Opened, ROOT};
