@@ -7,6 +7,7 @@
 //! path for a bare crush map (no OSDMap).
 
 pub mod addr;
+pub mod balancer;
 pub mod bulk;
 pub mod codec;
 pub mod create;
