@@ -9,6 +9,9 @@ use std::task::{Context, Poll, Waker};
 struct State<T> {
     value: Option<T>,
     waker: Option<Waker>,
+    /// A thread sleeps in [`Pending::wait`]: only then does `set` signal
+    /// the condition variable (a system call even with nobody waiting).
+    sleeping: bool,
 }
 
 struct Inner<T> {
@@ -28,6 +31,7 @@ pub fn pair<T>() -> (Setter<T>, Pending<T>) {
         state: Mutex::new(State {
             value: None,
             waker: None,
+            sleeping: false,
         }),
         cv: Condvar::new(),
     });
@@ -36,12 +40,14 @@ pub fn pair<T>() -> (Setter<T>, Pending<T>) {
 
 impl<T> Setter<T> {
     pub fn set(self, v: T) {
-        let waker = {
+        let (waker, sleeping) = {
             let mut s = self.0.state.lock().unwrap();
             s.value = Some(v);
-            s.waker.take()
+            (s.waker.take(), s.sleeping)
         };
-        self.0.cv.notify_all();
+        if sleeping {
+            self.0.cv.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
         }
@@ -56,6 +62,7 @@ impl<T> Pending<T> {
             if let Some(v) = s.value.take() {
                 return v;
             }
+            s.sleeping = true;
             s = self.0.cv.wait(s).unwrap();
         }
     }

@@ -44,6 +44,31 @@ impl Fs {
             .write_bytes(self.sb.bitmap_start as u64 + blk as u64, data)
     }
 
+    /// Marks `blocks` free: in memory, then on disk with each bitmap block
+    /// written once (one batch of requests), not once per block.
+    pub(crate) fn free_blocks(&mut self, blocks: &[u64]) -> io::Result<()> {
+        let per_bitmap_block = self.dev.bs as u64 * 8;
+        let mut touched: Vec<u64> = Vec::new();
+        for &b in blocks {
+            self.bitmap[(b / 8) as usize] &= !(1u8 << (b % 8));
+            self.ind_cache.get_mut().remove(&b);
+            let blk = b / per_bitmap_block;
+            if !touched.contains(&blk) {
+                touched.push(blk);
+            }
+        }
+        let writes = touched
+            .into_iter()
+            .map(|blk| {
+                let at = blk as usize * self.dev.bs;
+                let mut a = AlignedBuf::new(self.dev.bs);
+                a.copy_from_slice(&self.bitmap[at..at + self.dev.bs]);
+                (self.sb.bitmap_start as u64 + blk, a)
+            })
+            .collect();
+        self.dev.write_many(writes)
+    }
+
     /// Allocates a data block: marked used on disk before it is returned
     /// (rule 1).
     /// The search starts where the last one ended (next fit) and wraps

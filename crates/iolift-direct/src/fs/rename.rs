@@ -93,10 +93,7 @@ impl Fs {
         let n = self.inode(ino)?;
         let blocks = self.blocks_of(&n)?;
         self.put_inode(ino, &Inode::default())?;
-        for blk in blocks {
-            self.put_bitmap_bit(blk, false)?;
-        }
-        Ok(())
+        self.free_blocks(&blocks)
     }
 
     /// Truncates an open file to zero bytes, dropping its cached blocks:
@@ -107,17 +104,17 @@ impl Fs {
         let blocks = self.blocks_of(&old)?;
         // Blocks written back since the open but not yet named by the
         // inode on disk are in f.inode only: they go too.
+        let on_disk: std::collections::HashSet<u64> = blocks.iter().copied().collect();
         let mut since: Vec<u64> = self.blocks_of(&f.inode)?;
-        since.retain(|b| !blocks.contains(b));
+        since.retain(|b| !on_disk.contains(b));
         let empty = Inode {
             kind: old.kind,
             nlink: old.nlink,
             ..Inode::default()
         };
         self.put_inode(f.ino, &empty)?;
-        for blk in blocks.into_iter().chain(since) {
-            self.put_bitmap_bit(blk, false)?;
-        }
+        let all: Vec<u64> = blocks.into_iter().chain(since).collect();
+        self.free_blocks(&all)?;
         f.inode = empty;
         f.cache = Cache::counted(self.cache_blocks, self.cache_total.clone());
         f.inode_dirty = false;
