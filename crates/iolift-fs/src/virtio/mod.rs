@@ -11,6 +11,7 @@
 //! ```
 
 mod device;
+pub mod driver;
 mod pool;
 pub mod reply;
 pub mod request;

@@ -3,6 +3,9 @@
 //! FUSE client on MOUNTPOINT until SIGINT or SIGTERM (or an unmount from
 //! outside), then unmounts. See docs/fs.md.
 
+mod drive;
+mod virtio;
+
 use crate::frontend::{wait_for_signal, StopOn};
 use crate::metrics::{self, MetricSource};
 use anyhow::{bail, Context, Result};
@@ -26,6 +29,14 @@ enum Sub {
     /// Mount BACKEND (null, null:SIZE, mirror:DIR) on MOUNTPOINT through
     /// the kernel's FUSE client (root); serve until SIGINT/SIGTERM.
     Mount(MountArgs),
+    /// Serve BACKEND (null, null:SIZE, mirror:DIR; or --shared-dir DIR) to a
+    /// virtual machine over a vhost-user socket (QEMU's vhost-user-fs-pci);
+    /// the guest mounts it with `mount -t virtiofs TAG /mnt`. Serves one
+    /// connection, then exits (as virtiofsd does).
+    ServeVirtiofs(Box<virtio::VirtioArgs>),
+    /// Benchmark driver: plays a guest's part against a vhost-user-fs
+    /// daemon (iolift's or virtiofsd) and measures random I/O on one file.
+    DriveVirtiofs(drive::DriveArgs),
 }
 
 #[derive(Args, Debug)]
@@ -65,13 +76,15 @@ struct MountArgs {
 pub fn run(a: FsArgs) -> Result<ExitCode> {
     match a.cmd {
         Sub::Mount(m) => mount(m),
+        Sub::ServeVirtiofs(v) => virtio::run(*v),
+        Sub::DriveVirtiofs(d) => drive::run(d),
     }
 }
 
 /// The mount's counters in /metrics, labelled with the mount point.
-struct FsMetrics {
-    stats: Arc<OpStats>,
-    labels: String,
+pub(super) struct FsMetrics {
+    pub(super) stats: Arc<OpStats>,
+    pub(super) labels: String,
 }
 
 impl MetricSource for FsMetrics {
