@@ -6,6 +6,7 @@
 //! then the write of a modified map. `--print` is not implemented yet.
 
 mod report;
+mod upmap;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -65,6 +66,8 @@ pub struct OsdmapArgs {
     /// Mapping threads (default: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    #[command(flatten)]
+    pub upmap: upmap::UpmapArgs,
 }
 
 const ME: &str = "iolift";
@@ -108,6 +111,8 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
             edited = true;
         }
     }
+    let upmapped = upmap::run(&a.upmap, a.save, a.threads, &mut map, &mut out)?;
+    modified |= upmapped == Some(true);
     if let Some(f) = &a.import_crush {
         let raw = std::fs::read(f).with_context(|| format!("reading crush map from {f}"))?;
         let crush =
@@ -196,6 +201,7 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
         && !a.test_map_pgs
         && !a.test_map_pgs_dump
         && !a.test_map_pgs_dump_all
+        && upmapped.is_none()
         && !(a.save && edited);
     if nothing {
         out.flush()?;
