@@ -15,6 +15,17 @@
 #   ONLY=q1 / ONLY=q2                  # one half
 #   BIN=/path/to/iolift                # use this binary, build nothing
 #   CELLS='stat|create|readdir'        # only the cells whose name matches
+#   ONLY=virtio                        # only the virtio-fs part:
+#
+#  virtio-fs (Q1 and Q2 for the VM transport): `iolift fs drive-virtiofs`
+#      plays the guest (shared memory, virtqueues, FUSE requests) against
+#      iolift fs serve-virtiofs (null and mirror, --thread-pool-size
+#      VPOOL, default 4) and QEMU's virtiofsd (-o source=, sandbox=chroot,
+#      its default thread pool) over the same directory: 4k random reads
+#      and writes at QD1 and QD16 (IOPS, p50 latency), medians of R,
+#      alternating, with server CPU per op and peak RSS; prints the
+#      targets (iolift >= 1.3x virtiofsd IOPS at QD16, QD1 latency <=
+#      virtiofsd's) as met / not met.
 #
 # Needs root (FUSE mounts), fio, bindfs, python3. Data lives under WORK
 # (default /var/tmp/iolift-fs-bench, on the root ext4), removed at the end.
@@ -30,6 +41,8 @@ ONLY=${ONLY:-all}
 WORK=${WORK:-/var/tmp/iolift-fs-bench}
 NFILES=${NFILES:-10000}
 CELLS=${CELLS:-.}   # regex: run only the cells whose name matches
+VPOOL=${VPOOL:-4}
+VIRTIOFSD=${VIRTIOFSD:-/usr/lib/qemu/virtiofsd}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
 [[ $(id -u) == 0 ]] || { echo "bench/fs.sh needs root (FUSE mounts)" >&2; exit 1; }
@@ -211,6 +224,92 @@ if [[ $ONLY == all || $ONLY == q2 ]]; then
         done
     done
 fi
+
+# virtio-fs: one daemon per measurement (both serve one connection and
+# exit when the driver disconnects); a sampler records the daemon's CPU
+# ticks and peak RSS while it lives.
+VSOCK=$WORK/vfs.sock
+vrun() { # vrun SETUP CELL REPEAT RW QD
+    local setup=$1 cell=$2 rep=$3 rw=$4 qd=$5 pid
+    [[ $cell =~ $CELLS ]] || return 0
+    rm -f "$VSOCK"
+    case $setup in
+        vfs-null) "$BIN" fs serve-virtiofs null:1G --socket-path "$VSOCK" --thread-pool-size "$VPOOL" >"$RES/vd.out" 2>"$RES/vd.log" & ;;
+        vfs-iolift) "$BIN" fs serve-virtiofs --shared-dir "$SRC" --socket-path "$VSOCK" --thread-pool-size "$VPOOL" >"$RES/vd.out" 2>"$RES/vd.log" & ;;
+        vfs-virtiofsd) "$VIRTIOFSD" --socket-path="$VSOCK" -o source="$SRC" -o sandbox=chroot -o cache=auto >"$RES/vd.out" 2>"$RES/vd.log" & ;;
+    esac
+    pid=$!
+    for _ in $(seq 200); do [[ -S $VSOCK ]] && break; sleep 0.05; done
+    [[ -S $VSOCK ]] || { echo "$setup did not listen" >&2; cat "$RES/vd.log" >&2; exit 1; }
+    ( while kill -0 "$pid" 2>/dev/null; do echo "$(cpu_ticks "$pid" 2>/dev/null || echo 0) $(hwm_kib "$pid")" >"$RES/vd.sample.tmp" && mv "$RES/vd.sample.tmp" "$RES/vd.sample"; sleep 0.1; done ) &
+    local sampler=$! s0
+    s0=$(cpu_ticks "$pid")
+    "$BIN" fs drive-virtiofs --socket-path "$VSOCK" --file bench.dat --rw "$rw" --iodepth "$qd" \
+        --span "$(numfmt --from=iec "$SIZE")" --runtime-ms "$((RUNTIME * 1000))" >"$RES/vdrive.out" \
+        || { echo "drive-virtiofs against $setup failed" >&2; cat "$RES/vd.log" >&2; exit 1; }
+    local t=0; while kill -0 "$pid" 2>/dev/null && ((t < 50)); do sleep 0.1; t=$((t + 1)); done
+    kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+    kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
+    python3 - "$setup" "$cell" "$rep" "$s0" "$RES/vd.sample" "$RES/vdrive.out" >>"$RES/vrows" <<'EOF'
+import json, sys
+setup, cell, rep, s0, sample, out = sys.argv[1:]
+d = dict(kv.split("=") for kv in open(out).read().split())
+ticks, hwm = (open(sample).read().split() + ["0", "0"])[:2]
+ops = int(d["ops"])
+print(json.dumps(dict(setup=setup, cell=cell, rep=int(rep), ops=ops, iops=float(d["iops"]),
+    p50_us=float(d["lat_p50_us"]), mean_us=float(d["lat_mean_us"]),
+    server_us_op=(int(ticks) - int(s0)) * 1e4 / max(ops, 1), rss_mib=int(hwm) / 1024)))
+EOF
+}
+
+if [[ $ONLY == all || $ONLY == virtio ]]; then
+    [[ -x $VIRTIOFSD ]] || { echo "missing $VIRTIOFSD (Debian qemu-system-common)" >&2; exit 1; }
+    for rep in $(seq "$R"); do
+        for s in vfs-null vfs-iolift vfs-virtiofsd; do
+            vrun "$s" randread-4k-qd1 "$rep" randread 1
+            vrun "$s" randread-4k-qd16 "$rep" randread 16
+            vrun "$s" randwrite-4k-qd1 "$rep" randwrite 1
+            vrun "$s" randwrite-4k-qd16 "$rep" randwrite 16
+        done
+    done
+    python3 - "$RES/vrows" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+med = lambda xs: statistics.median(xs) if xs else 0
+setups = ["vfs-null", "vfs-iolift", "vfs-virtiofsd"]
+cells = []
+for r in rows:
+    if r["cell"] not in cells: cells.append(r["cell"])
+print("\nvirtio-fs (host-side driver), medians: IOPS / p50 us / server CPU us per op")
+print(f"  {'cell':20}" + "".join(f"{s:>28}" for s in setups) + "   iolift/virtiofsd IOPS")
+v = {}
+for c in cells:
+    line = f"  {c:20}"
+    for s in setups:
+        rs = [r for r in rows if r["cell"] == c and r["setup"] == s]
+        v[c, s] = (med([r["iops"] for r in rs]), med([r["p50_us"] for r in rs]), med([r["server_us_op"] for r in rs]))
+        line += f"{v[c, s][0]:12.0f} {v[c, s][1]:7.1f} {v[c, s][2]:7.1f}"
+    b = v[c, "vfs-virtiofsd"][0]
+    line += f"{v[c, 'vfs-iolift'][0] / b:14.2f}" if b else f"{'-':>14}"
+    print(line)
+print("  peak RSS MiB: " + ", ".join(f"{s} {max([r['rss_mib'] for r in rows if r['setup'] == s] or [0]):.1f}" for s in setups))
+def target(name, ok):
+    print(f"  target: {name}: {'met' if ok else 'NOT met'}")
+for c in ["randread-4k-qd16", "randwrite-4k-qd16"]:
+    if (c, "vfs-virtiofsd") in v and v[c, "vfs-virtiofsd"][0]:
+        r = v[c, "vfs-iolift"][0] / v[c, "vfs-virtiofsd"][0]
+        target(f"iolift virtio-fs mirror {c} IOPS >= 1.3x virtiofsd ({r:.2f}x)", r >= 1.3)
+for c in ["randread-4k-qd1", "randwrite-4k-qd1"]:
+    if (c, "vfs-virtiofsd") in v:
+        a, b = v[c, "vfs-iolift"][1], v[c, "vfs-virtiofsd"][1]
+        target(f"iolift virtio-fs mirror {c} p50 latency <= virtiofsd ({a:.1f} vs {b:.1f} us)", a <= b)
+if ("randread-4k-qd1", "vfs-null") in v:
+    n = v["randread-4k-qd1", "vfs-null"]
+    print(f"  recorded: null backend QD1 latency p50 {n[1]:.1f} us, server CPU {n[2]:.1f} us/op")
+EOF
+fi
+
+[[ -s $RES/rows ]] || { echo "load after: $(uptime)"; exit 0; }
 
 python3 - "$RES/rows" <<'EOF'
 import json, statistics, sys
