@@ -113,13 +113,7 @@ impl<'a> Mapper<'a> {
     /// or replaced by NONE (erasure). Returns the placement seed.
     fn raw(&mut self, pool: &Pool, rule: i32, ps: u32, raw: &mut Vec<i32>) -> u32 {
         let m = self.map;
-        let seed = SeedPool {
-            id: pool.id,
-            pg_num: pool.pg_num,
-            pgp_num: pool.pgp_num,
-            hashpspool: pool.hashpspool(),
-        };
-        let pps = pg_to_pps(&seed, ps);
+        let pps = Self::pps(pool, ps);
         raw.clear();
         if rule >= 0 {
             let size = pool.size as usize;
@@ -137,6 +131,25 @@ impl<'a> Mapper<'a> {
             );
             raw.extend_from_slice(&self.buf[..n]);
         }
+        self.drop_missing(pool, raw);
+        pps
+    }
+
+    /// The placement seed of raw seed `ps` (`raw_pg_to_pps`).
+    fn pps(pool: &Pool, ps: u32) -> u32 {
+        let seed = SeedPool {
+            id: pool.id,
+            pg_num: pool.pg_num,
+            pgp_num: pool.pgp_num,
+            hashpspool: pool.hashpspool(),
+        };
+        pg_to_pps(&seed, ps)
+    }
+
+    /// Non-existent OSDs of a CRUSH result dropped (replicated) or NONE
+    /// (erasure).
+    fn drop_missing(&self, pool: &Pool, raw: &mut Vec<i32>) {
+        let m = self.map;
         if pool.can_shift_osds() {
             raw.retain(|&o| m.exists(o));
         } else {
@@ -146,7 +159,6 @@ impl<'a> Mapper<'a> {
                 }
             }
         }
-        pps
     }
 
     /// Ceph's target check for upmaps: an id in the map whose reweight is 0.
@@ -221,6 +233,25 @@ impl<'a> Mapper<'a> {
     /// beyond pg_num is placed as Ceph does: CRUSH with its own seed,
     /// upmaps and temps of the PG it folds into.
     pub fn map_pg(&mut self, pool: &Pool, rule: i32, seed: u32, out: &mut PgPlacement) {
+        let mut raw = std::mem::take(&mut out.raw);
+        let pps = self.raw(pool, rule, seed, &mut raw);
+        self.finish(pool, seed, pps, raw, out);
+    }
+
+    /// Place one PG whose CRUSH result (`do_rule` of the pool's rule for
+    /// its placement seed, `pool.size` slots at most) was computed
+    /// elsewhere, e.g. by the offload kernel: the same steps as
+    /// [`Mapper::map_pg`] after CRUSH.
+    pub fn map_pg_crush(&mut self, pool: &Pool, seed: u32, crush: &[i32], out: &mut PgPlacement) {
+        let mut raw = std::mem::take(&mut out.raw);
+        raw.clear();
+        raw.extend_from_slice(crush);
+        self.drop_missing(pool, &mut raw);
+        self.finish(pool, seed, Self::pps(pool, seed), raw, out);
+    }
+
+    /// Upmaps, up set, primary affinity and temps over `raw`.
+    fn finish(&mut self, pool: &Pool, seed: u32, pps: u32, raw: Vec<i32>, out: &mut PgPlacement) {
         let m = self.map;
         let pg = PgId {
             pool: pool.id as u64,
@@ -230,8 +261,6 @@ impl<'a> Mapper<'a> {
                 stable_mod(seed, pool.pg_num, pg_mask(pool.pg_num))
             },
         };
-        let mut raw = std::mem::take(&mut out.raw);
-        let pps = self.raw(pool, rule, seed, &mut raw);
         out.raw_primary = first(&raw);
 
         // up: upmaps over a copy of raw, then down / missing OSDs out

@@ -7,8 +7,8 @@
 //!   straw2 buckets only);
 //! * `rule:POOL:RULE`: the pool's crush rule (id or name);
 //! * `add-host:NAME:N:W:PARENT`: a straw2 host bucket NAME under the
-//!   bucket PARENT holding N new OSDs of CRUSH weight W, up and in (ids:
-//!   the lowest not in use, as `ceph osd create` gives them).
+//!   bucket PARENT holding N OSDs of CRUSH weight W, up and in (ids: the
+//!   lowest not in the crush map; they are created in the map if needed).
 //!
 //! Every spec is checked before anything changes; errors name the spec
 //! and the bad part.
@@ -225,11 +225,12 @@ impl OsdMap {
             return Err(bad(spec, "total weight overflows 16.16"));
         }
         let mut crush = self.crush.clone();
-        // new OSD ids: the lowest neither in the map nor in crush
+        // OSD ids: the lowest not in the crush map
         let mut ids = Vec::with_capacity(count as usize);
+        let present = crush.present_devices();
         let mut o = 0i32;
         while ids.len() < count as usize {
-            if !self.exists(o) && !crush.item_present(o) {
+            if !present.get(o as usize).copied().unwrap_or(false) {
                 ids.push(o);
             }
             o += 1;

@@ -3,10 +3,13 @@
 //! the program name in messages is `iolift`). Operations run in
 //! osdmaptool's order: edits (--mark-up-in, --mark-out), --import-crush,
 //! --export-crush, --test-map-object, --test-map-pg, --test-map-pgs*,
-//! then the write of a modified map. `--print` is not implemented yet.
+//! --print, then the write of a modified map. `--createsimple`, `diff` and
+//! `--what-if` are in `tools.rs` and `diff.rs`.
 
+mod diff;
+mod gpu;
 mod report;
-mod upmap;
+mod tools;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -19,7 +22,7 @@ use std::process::ExitCode;
 pub struct OsdmapArgs {
     /// Binary OSDMap (`ceph osd getmap -o FILE`, `osdmaptool --createsimple`).
     pub mapfile: String,
-    /// Print a summary of the map: not implemented yet (an error).
+    /// Print the map as `osdmaptool --print` does.
     #[arg(long)]
     pub print: bool,
     /// Map all PGs; print the per-OSD summary.
@@ -60,23 +63,22 @@ pub struct OsdmapArgs {
     /// (osdmaptool writes only upmap and crush-weight changes).
     #[arg(long)]
     pub save: bool,
-    /// Where to map: cpu (all cores, or --threads).
+    /// Where to map: cpu (all cores, or --threads), or gpu (CRUSH of the
+    /// --test-map-pgs* reports on the GPU, the rest on the CPU).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Mapping threads (default: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     #[command(flatten)]
-    pub upmap: upmap::UpmapArgs,
+    pub tools: tools::ToolArgs,
 }
 
 const ME: &str = "iolift";
 
 pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
-    match a.device.as_str() {
-        "cpu" => {}
-        "gpu" => bail!("--device gpu: OSDMap placement has no GPU path yet; use --device cpu"),
-        d => bail!("--device {d}: expected cpu or gpu"),
+    if !matches!(a.device.as_str(), "cpu" | "gpu") {
+        bail!("--device {}: expected cpu or gpu", a.device);
     }
     // osdmaptool treats an empty option value as not given
     let a = OsdmapArgs {
@@ -86,16 +88,17 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
         export_crush: a.export_crush.filter(|s| !s.is_empty()),
         ..a
     };
-    if a.print {
-        bail!("--print is not implemented yet (use osdmaptool --print)");
+    if let Some(code) = tools::early(&a)? {
+        return Ok(code);
     }
     eprintln!("{ME}: osdmap file '{}'", a.mapfile);
-    let bytes = std::fs::read(&a.mapfile).with_context(|| format!("reading {}", a.mapfile))?;
-    let mut map =
-        iolift_osdmap::decode(&bytes).with_context(|| format!("decoding osdmap {}", a.mapfile))?;
+    let (mut map, created) = match tools::load(&a)? {
+        Ok(m) => m,
+        Err(code) => return Ok(code),
+    };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-    let mut modified = false;
+    let mut modified = created;
     let mut edited = false;
 
     if a.mark_up_in {
@@ -111,8 +114,6 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
             edited = true;
         }
     }
-    let upmapped = upmap::run(&a.upmap, a.save, a.threads, &mut map, &mut out)?;
-    modified |= upmapped == Some(true);
     if let Some(f) = &a.import_crush {
         let raw = std::fs::read(f).with_context(|| format!("reading crush map from {f}"))?;
         let crush =
@@ -192,7 +193,8 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
             }
         }
         let threads = iolift_osdmap::bulk::thread_count(a.threads);
-        report::test_map_pgs(&map, a.pool, mode, threads, &mut out)?;
+        let gpu = gpu::open(&a.device)?;
+        report::test_map_pgs(&map, a.pool, mode, threads, gpu.as_ref(), &mut out)?;
     }
     let nothing = !modified
         && a.export_crush.is_none()
@@ -201,7 +203,7 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
         && !a.test_map_pgs
         && !a.test_map_pgs_dump
         && !a.test_map_pgs_dump_all
-        && upmapped.is_none()
+        && !a.print
         && !(a.save && edited);
     if nothing {
         out.flush()?;
@@ -211,6 +213,9 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
     let write = modified || (a.save && edited);
     if write {
         map.epoch += 1;
+    }
+    if a.print {
+        write!(out, "{}", map.print_text()?)?;
     }
     if write {
         let enc = iolift_osdmap::encode(&map);

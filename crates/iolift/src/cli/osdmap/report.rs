@@ -133,6 +133,7 @@ pub fn test_map_pgs(
     pool: Option<i64>,
     mode: Mode,
     threads: usize,
+    gpu: Option<&super::gpu::Gpu>,
     out: &mut impl Write,
 ) -> Result<()> {
     let n = map.max_osd as usize;
@@ -143,53 +144,96 @@ pub fn test_map_pgs(
         }
         writeln!(out, "pool {} pg_num {}", p.id, p.pg_num)?;
         let sel: Vec<&Pool> = vec![p];
-        let ranges = bulk::ranges(map, &sel);
-        let mut err = None;
-        let states = bulk::run(
-            map,
-            &ranges,
-            threads,
-            || Stats::new(n),
-            |st, m, pl, r: &PgRange| {
-                let mut s = String::new();
-                for seed in r.start..r.end {
-                    m.map_pg(r.pool, r.rule, seed, pl);
-                    st.add(&pl.acting, pl.acting_primary);
-                    let pg = PgId {
-                        pool: r.pool.id as u64,
-                        seed,
-                    };
-                    match mode {
-                        Mode::DumpAll => {
-                            push_dump_all(&mut s, pg, pl);
-                            s.push('\n');
-                        }
-                        Mode::Dump => {
-                            let _ = write!(s, "{pg}\t");
-                            push_osds(&mut s, &pl.acting);
-                            let _ = writeln!(s, "\t{}", pl.acting_primary);
-                        }
-                        Mode::Summary => {}
-                    }
-                }
-                s
-            },
-            |s| {
-                if err.is_none() && !s.is_empty() {
-                    if let Err(e) = out.write_all(s.as_bytes()) {
-                        err = Some(e);
-                    }
-                }
-            },
-        );
-        if let Some(e) = err {
-            return Err(e.into());
-        }
-        for s in &states {
-            total.merge(s);
+        let all = bulk::ranges(map, &sel);
+        // With a GPU, segments of at most gpu::BATCH PGs: CRUSH for the
+        // segment on the GPU, the rest per chunk on the CPU threads.
+        let seg = if gpu.is_some() {
+            super::gpu::BATCH
+        } else {
+            u32::MAX
+        };
+        let mut start = 0u32;
+        while start < p.pg_num {
+            let end = p.pg_num.min(start.saturating_add(seg));
+            let rule = all.first().map_or(-1, |r| r.rule);
+            let rows = match gpu {
+                Some(g) if rule >= 0 => Some(g.rows(map, p, rule, start, end)?),
+                _ => None,
+            };
+            let ranges: Vec<PgRange> = all
+                .iter()
+                .filter(|r| r.start >= start && r.end <= end)
+                .copied()
+                .collect();
+            let states = segment(map, &ranges, threads, mode, rows.as_ref(), start, out)?;
+            for s in &states {
+                total.merge(s);
+            }
+            start = end;
         }
     }
     summary(map, &total, out)
+}
+
+/// Map and report the PGs of `ranges` (all within one segment starting
+/// at seed `base`; `rows`: the segment's CRUSH results from the GPU).
+fn segment(
+    map: &OsdMap,
+    ranges: &[PgRange],
+    threads: usize,
+    mode: Mode,
+    rows: Option<&iolift_offload::kernels::crush::Mapping>,
+    base: u32,
+    out: &mut impl Write,
+) -> Result<Vec<Stats>> {
+    let n = map.max_osd as usize;
+    let mut err = None;
+    let states = bulk::run(
+        map,
+        ranges,
+        threads,
+        || Stats::new(n),
+        |st, m, pl, r: &PgRange| {
+            let mut s = String::new();
+            for seed in r.start..r.end {
+                match rows {
+                    Some(rows) => {
+                        m.map_pg_crush(r.pool, seed, rows.row((seed - base) as usize), pl)
+                    }
+                    None => m.map_pg(r.pool, r.rule, seed, pl),
+                }
+                st.add(&pl.acting, pl.acting_primary);
+                let pg = PgId {
+                    pool: r.pool.id as u64,
+                    seed,
+                };
+                match mode {
+                    Mode::DumpAll => {
+                        push_dump_all(&mut s, pg, pl);
+                        s.push('\n');
+                    }
+                    Mode::Dump => {
+                        let _ = write!(s, "{pg}\t");
+                        push_osds(&mut s, &pl.acting);
+                        let _ = writeln!(s, "\t{}", pl.acting_primary);
+                    }
+                    Mode::Summary => {}
+                }
+            }
+            s
+        },
+        |s| {
+            if err.is_none() && !s.is_empty() {
+                if let Err(e) = out.write_all(s.as_bytes()) {
+                    err = Some(e);
+                }
+            }
+        },
+    );
+    if let Some(e) = err {
+        return Err(e.into());
+    }
+    Ok(states)
 }
 
 /// osdmaptool's per-OSD table and distribution lines.
