@@ -295,4 +295,47 @@ impl Alloc {
     pub fn note_table(&mut self, k: u64) {
         self.tables.insert(k);
     }
+
+    /// Whether cluster `k` is free: refcount 0 and no metadata there.
+    fn is_free(&self, file: &File, k: u64) -> Result<bool> {
+        Ok(self.what(k).is_none() && self.rc.get(file, k)? == 0)
+    }
+
+    /// The lowest free cluster below `limit`, given refcount 1 (not yet
+    /// durable: the caller syncs before pointing anything to it), or
+    /// `None` (compaction). Call with no clusters reserved.
+    pub fn take_free_below(&mut self, file: &File, limit: u64) -> Result<Option<u64>> {
+        let mut k = self.free_hint;
+        while k < limit.min(self.end) {
+            if self.is_free(file, k)? {
+                self.set(file, k, 1)?;
+                self.free_hint = k + 1;
+                return Ok(Some(k));
+            }
+            k += 1;
+        }
+        self.free_hint = self.free_hint.max(k);
+        Ok(None)
+    }
+
+    /// One past the highest cluster in use (the length, in clusters, the
+    /// file may be cut to). Call with no clusters reserved.
+    pub fn used_end(&self, file: &File) -> Result<u64> {
+        let mut k = self.end;
+        while k > 0 && self.is_free(file, k - 1)? {
+            k -= 1;
+        }
+        Ok(k)
+    }
+
+    /// The file was cut to `end` clusters (all free past it).
+    pub fn truncated(&mut self, end: u64) {
+        self.end = end;
+        self.free_hint = self.free_hint.min(end);
+    }
+
+    /// Clusters reserved and not handed out yet.
+    pub fn reserved(&self) -> usize {
+        self.reserved.len()
+    }
 }

@@ -30,6 +30,9 @@ pub struct Options {
     pub cache_entries: u64,
     /// Data paths (each with its own cache), at most 64.
     pub data_paths: usize,
+    /// Data I/O of the data paths (reads, in-place writes) with O_DIRECT,
+    /// past the page cache, where offset and length are 4 KiB aligned.
+    pub direct: bool,
 }
 
 impl Default for Options {
@@ -38,6 +41,7 @@ impl Default for Options {
             read_only: false,
             cache_entries: 65536,
             data_paths: 4,
+            direct: false,
         }
     }
 }
@@ -54,6 +58,8 @@ pub struct CpStats {
     pub allocations: AtomicU64,
     /// Mapping changes that had to invalidate at least one cache.
     pub invalidating_changes: AtomicU64,
+    /// Clusters (data and L2 tables) moved by compaction.
+    pub moved: AtomicU64,
 }
 
 /// Metadata state, under the control plane's lock.
@@ -84,6 +90,8 @@ pub struct ControlPlane {
     pub(crate) hdr: Header,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) backing: Option<Backing>,
+    /// The image file opened again with O_DIRECT (option `direct`).
+    pub(crate) direct: Option<File>,
     pub(crate) caches: Vec<MappingCache>,
     pub(crate) read_only: bool,
     pub stats: CpStats,
@@ -197,6 +205,16 @@ impl ControlPlane {
             .map_err(io_ctx(format!("writing the L2 entry of guest cluster {c}")))
     }
 
+    /// Writes in place through a writable mapping (a data path's hit).
+    pub(crate) fn write_mapped(&self, host: u64, data: &[u8]) -> std::io::Result<()> {
+        match &self.direct {
+            Some(f) if crate::io::direct_ok(host, data.len()) => {
+                crate::io::write_direct(f, host, data)
+            }
+            _ => write_all(&self.file, host, data),
+        }
+    }
+
     /// Changes cache `id`'s budget (online resize).
     pub fn resize_cache(&self, id: usize, entries: u64) {
         let mut m = self.lock();
@@ -214,8 +232,13 @@ impl ControlPlane {
                 Some(b) => b.read((c << self.hdr.cluster_bits) + at, buf)?,
                 None => buf.fill(0),
             },
-            Mapping::Data { host, .. } => read_zero_fill(&self.file, host + at, buf)
-                .map_err(io_ctx(format!("reading guest cluster {c} at {host:#x}")))?,
+            Mapping::Data { host, .. } => match &self.direct {
+                Some(f) if crate::io::direct_ok(host + at, buf.len()) => {
+                    crate::io::read_direct(f, host + at, buf)
+                }
+                _ => read_zero_fill(&self.file, host + at, buf),
+            }
+            .map_err(io_ctx(format!("reading guest cluster {c} at {host:#x}")))?,
             Mapping::Compressed { host, len } => {
                 let data = self.inflate(c, host, len)?;
                 buf.copy_from_slice(&data[at as usize..at as usize + buf.len()]);

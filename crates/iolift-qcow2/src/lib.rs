@@ -11,6 +11,11 @@
 //!   bounded [`MappingCache`] (LRU, entry budget, counters), directly to
 //!   the image file on a hit.
 //!
+//! The control plane also works while the image is served: snapshot
+//! create, delete and revert, discard, cache resize, and compaction
+//! (`compact.rs`), each invalidating cached mappings before it changes
+//! them.
+//!
 //! All I/O is synchronous positioned I/O on the image file; callers run it
 //! on threads of their own. `docs/qcow2.md` describes the format coverage
 //! and the crash rules.
@@ -18,6 +23,7 @@
 mod alloc;
 mod backing;
 mod cache;
+mod compact;
 mod control;
 mod datapath;
 mod error;
@@ -31,8 +37,9 @@ mod snaptable;
 mod update;
 
 pub use cache::{CacheStats, MappingCache, Pinned};
+pub use compact::CompactStats;
 pub use control::{ControlPlane, CpStats, Options};
-pub use datapath::DataPath;
+pub use datapath::{DataPath, Served};
 pub use error::{Error, Result};
 pub use header::Header;
 pub use mapping::Mapping;

@@ -137,6 +137,18 @@ impl ControlPlane {
         } else {
             0
         };
+        let direct = if opts.direct {
+            use std::os::unix::fs::OpenOptionsExt;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(!opts.read_only)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .map_err(io_ctx(format!("opening {p} with O_DIRECT")))?;
+            Some(f)
+        } else {
+            None
+        };
         let caches = if opts.cache_entries == 0 {
             Vec::new()
         } else {
@@ -158,6 +170,7 @@ impl ControlPlane {
                 snap_clusters: snap_len.div_ceil(cs),
             }),
             backing,
+            direct,
             caches,
             read_only: opts.read_only,
             stats: CpStats::default(),
@@ -214,6 +227,7 @@ fn open_backing(image: &Path, name: &str, format: Option<&str>, depth: usize) ->
                 read_only: true,
                 cache_entries: 0,
                 data_paths: 1,
+                direct: false,
             };
             let cp = ControlPlane::open_depth(&p, &opts, depth + 1).map_err(ctx)?;
             Ok(Backing::Qcow2(cp))

@@ -8,7 +8,11 @@
 //! reaches (data and L2 tables) and clears their COPIED bits; a write then
 //! copies a shared L2 table (`update.rs`) or data cluster before changing
 //! it. Deleting one removes it from the table first, then drops its
-//! references and sets COPIED again where a refcount fell to 1.
+//! references and sets COPIED again where a refcount fell to 1. Reverting
+//! to one (`qemu-img snapshot -a`) adds the snapshot's references, points
+//! the active L1 table to its L2 tables, then drops the old active
+//! layer's references (each step durable before the next: a crash leaks
+//! clusters at worst).
 
 use crate::control::{ControlPlane, Meta};
 use crate::error::{io_ctx, Error, Result};
@@ -222,5 +226,96 @@ impl ControlPlane {
                 .map_err(io_ctx("writing the L1 table"))?;
         }
         Ok(())
+    }
+}
+
+impl ControlPlane {
+    /// Reverts the active layer to snapshot `name` (or id): the disk
+    /// reads as it did when the snapshot was taken; the snapshot stays.
+    /// Every cached mapping is invalidated first. The snapshot must have
+    /// the image's current virtual size (no resize here).
+    pub fn snapshot_revert(&self, name: &str) -> Result<()> {
+        let mut m = self.writable_meta()?;
+        let Some(s) = m
+            .snapshots
+            .iter()
+            .find(|s| s.name == name || s.id == name)
+            .cloned()
+        else {
+            return Err(Error::Invalid(format!("no snapshot named {name:?}")));
+        };
+        if s.extra.len() >= 16 {
+            let size = u64::from_be_bytes(s.extra[8..16].try_into().unwrap());
+            if size != self.hdr.size {
+                return Err(Error::Invalid(format!(
+                    "snapshot {name:?} has a virtual size of {size} bytes, the image {}: \
+                     reverting across a resize is not supported",
+                    self.hdr.size
+                )));
+            }
+        }
+        if s.l1_size as usize > m.l1.len() {
+            return Err(Error::Invalid(format!(
+                "snapshot {name:?}: its L1 table has {} entries, the image's {}",
+                s.l1_size,
+                m.l1.len()
+            )));
+        }
+        let keys: Vec<u64> = m.held.keys().copied().collect();
+        for c in keys {
+            self.invalidate(&mut m, c);
+        }
+        let cb = self.hdr.cluster_bits;
+        let mut raw = vec![0u8; s.l1_size as usize * 8];
+        read_exact(&self.file, s.l1_offset, &mut raw)
+            .map_err(io_ctx("reading the snapshot's L1 table"))?;
+        let mut new_l1 = vec![0u64; m.l1.len()];
+        // 1. The snapshot's clusters get the active layer's reference
+        //    (COPIED cleared: they are shared with the snapshot).
+        for (i, e) in raw.chunks_exact(8).enumerate() {
+            let l2 = u64::from_be_bytes(e.try_into().unwrap()) & OFFSET_MASK;
+            if l2 == 0 {
+                continue;
+            }
+            let mut t = self.read_l2(l2)?;
+            let mut changed = false;
+            for e in t.chunks_exact_mut(8) {
+                let v = u64::from_be_bytes(e[..].try_into().unwrap());
+                for k in self.entry_clusters(v) {
+                    m.alloc_mut().incref(&self.file, k)?;
+                }
+                if v & COPIED != 0 {
+                    e.copy_from_slice(&(v & !COPIED).to_be_bytes());
+                    changed = true;
+                }
+            }
+            if changed {
+                write_all(&self.file, l2, &t).map_err(io_ctx("writing an L2 table"))?;
+            }
+            m.alloc_mut().incref(&self.file, l2 >> cb)?;
+            new_l1[i] = l2;
+        }
+        sync(&self.file).map_err(io_ctx("fdatasync before reverting the L1 table"))?;
+        // 2. The active L1 table points to the snapshot's L2 tables.
+        let bytes: Vec<u8> = new_l1.iter().flat_map(|e| e.to_be_bytes()).collect();
+        write_all(&self.file, self.hdr.l1_table_offset, &bytes)
+            .map_err(io_ctx("writing the L1 table"))?;
+        sync(&self.file).map_err(io_ctx("fdatasync of the reverted L1 table"))?;
+        let old_l1 = std::mem::replace(&mut m.l1, new_l1);
+        // 3. The old active layer's references are dropped.
+        for e in old_l1 {
+            let l2 = e & OFFSET_MASK;
+            if l2 == 0 {
+                continue;
+            }
+            for e in self.read_l2(l2)?.chunks_exact(8) {
+                for k in self.entry_clusters(u64::from_be_bytes(e.try_into().unwrap())) {
+                    m.alloc_mut().decref_now(&self.file, k)?;
+                }
+            }
+            m.alloc_mut().decref_now(&self.file, l2 >> cb)?;
+        }
+        self.restore_copied(&mut m)?;
+        sync(&self.file).map_err(io_ctx("fdatasync after reverting to a snapshot"))
     }
 }

@@ -12,11 +12,13 @@ const RO: Options = Options {
     read_only: true,
     cache_entries: 4,
     data_paths: 1,
+    direct: false,
 };
 const RW: Options = Options {
     read_only: false,
     cache_entries: 4,
     data_paths: 1,
+    direct: false,
 };
 
 /// A 4 MiB image, 64 KiB clusters, data in its first 2 MiB.

@@ -246,6 +246,16 @@ fn snapshot_cli_then_served_writes_keep_the_snapshot() {
             ])
             .arg(&img),
     );
+    // back to the snapshot: the served writes are gone, qemu-io agrees
+    run_ok(cmd_iolift().args(["qcow2", "snapshot", "apply", &path, "before"]));
+    assert_clean(&img);
+    run_ok(
+        cmd("qemu-io")
+            .args(["-f", "qcow2", "-c", "read -P 0x21 0 3M"])
+            .arg(&img),
+    );
+    let o = run_fail(cmd_iolift().args(["qcow2", "snapshot", "revert", &path, "nope"]));
+    assert!(o.all().contains("no snapshot named"), "{}", o.report());
     run_ok(cmd_iolift().args(["qcow2", "snapshot", "delete", &path, "before"]));
     let o = run_ok(cmd("qemu-img").args(["snapshot", "-l"]).arg(&img));
     assert!(!o.stdout.contains("before"), "{}", o.stdout);

@@ -60,6 +60,7 @@ pub fn open(p: &Path, cache: u64, paths: usize, ro: bool) -> Arc<ControlPlane> {
         read_only: ro,
         cache_entries: cache,
         data_paths: paths,
+        direct: false,
     };
     ControlPlane::open(p, &opts).unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
 }

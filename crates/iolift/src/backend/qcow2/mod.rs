@@ -1,5 +1,6 @@
-//! `qcow2:PATH[,cache=ENTRIES][,paths=N][,ro]`: a qcow2 image (version 3,
-//! or 2), read and written through `iolift-qcow2`.
+//! `qcow2:PATH[,cache=ENTRIES][,paths=N][,direct][,control=SOCKET][,ro]`:
+//! a qcow2 image (version 3, or 2), read and written through
+//! `iolift-qcow2`.
 //!
 //! The image has one control plane (the only code that changes its
 //! metadata) and `paths` data paths, each with a mapping cache of
@@ -13,17 +14,33 @@
 //!
 //! Flush and FUA are fdatasync of the image file; trim discards whole
 //! clusters; write-zeroes sets the zero flag (version 3).
+//!
+//! `direct`: the data paths read and write with O_DIRECT (past the page
+//! cache). `control=SOCKET`: a unix socket for online control (snapshots,
+//! discard, compaction, cache resize, statistics; `control.rs`). Each
+//! read and write is timed into the latency histogram of the path it
+//! took (hit, miss, control plane; `lat.rs`).
+
+mod control;
+mod lat;
 
 use super::{BackendSpec, Kind, OptHelp};
 use crate::block::{BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
 use crate::metrics::{self, Instance, MetricSource};
 use anyhow::{bail, Context, Result};
 use bytes::BytesMut;
-use iolift_qcow2::{ControlPlane, DataPath, Options, MAX_DATA_PATHS};
+use control::ControlSocket;
+use iolift_qcow2::{ControlPlane, DataPath, Options, Served, MAX_DATA_PATHS};
+use lat::Latency;
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 pub const OPTIONS: &[OptHelp] = &[
     OptHelp {
@@ -37,6 +54,18 @@ pub const OPTIONS: &[OptHelp] = &[
         kind: Kind::Count,
         default: "4",
         help: "data paths, each with its own cache, shared round robin by the worker threads (1 to 64)",
+    },
+    OptHelp {
+        name: "direct",
+        kind: Kind::Flag,
+        default: "off",
+        help: "data paths read and write the image with O_DIRECT (4 KiB aligned requests), past the page cache",
+    },
+    OptHelp {
+        name: "control",
+        kind: Kind::Text("SOCKET"),
+        default: "none",
+        help: "unix socket for online control: snapshot create/delete/list, discard, compact, cache resize, stats (iolift qcow2 control SOCKET ...)",
     },
     OptHelp {
         name: "ro",
@@ -56,11 +85,12 @@ pub struct Qcow2Config {
     pub path: PathBuf,
     pub opts: Options,
     pub name: Option<String>,
+    pub control: Option<PathBuf>,
 }
 
 pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
     if s.arg.is_empty() {
-        bail!("backend qcow2: missing PATH (qcow2:PATH[,cache=ENTRIES][,paths=N][,ro])");
+        bail!("backend qcow2: missing PATH (qcow2:PATH[,cache=ENTRIES][,paths=N][,direct][,control=SOCKET][,ro])");
     }
     let paths = s.opts.u64("paths", 4)?;
     if !(1..=MAX_DATA_PATHS as u64).contains(&paths) {
@@ -74,8 +104,10 @@ pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
             read_only: s.opts.flag("ro")?,
             cache_entries: s.opts.u64("cache", 65536)?,
             data_paths: paths as usize,
+            direct: s.opts.flag("direct")?,
         },
         name: s.opts.get("name").map(str::to_string),
+        control: s.opts.get("control").map(PathBuf::from),
     })
 }
 
@@ -86,11 +118,21 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
     let paths = (0..c.opts.data_paths)
         .map(|i| DataPath::new(cp.clone(), i))
         .collect();
+    let lat = Arc::new(Latency::new(c.opts.data_paths));
+    let control = match &c.control {
+        Some(p) => Some(
+            ControlSocket::start(p, cp.clone(), lat.clone())
+                .with_context(|| format!("backend qcow2: {}", c.path.display()))?,
+        ),
+        None => None,
+    };
     let inner = Arc::new(Inner {
         cp,
         paths,
         path: c.path,
         id: Instance::new("qcow2", c.name),
+        lat,
+        control: Mutex::new(control),
     });
     metrics::register(inner.clone());
     Ok(Arc::new(Qcow2Dev { inner }))
@@ -105,6 +147,8 @@ struct Inner {
     paths: Vec<DataPath>,
     path: PathBuf,
     id: Instance,
+    lat: Arc<Latency>,
+    control: Mutex<Option<ControlSocket>>,
 }
 
 static NEXT_WORKER: AtomicUsize = AtomicUsize::new(0);
@@ -131,11 +175,14 @@ fn errno(e: iolift_qcow2::Error) -> Errno {
 
 impl Inner {
     fn run(&self, req: Request) -> Result<Reply, Errno> {
-        let dp = &self.paths[worker() % self.paths.len()];
+        let w = worker() % self.paths.len();
+        let dp = &self.paths[w];
+        let t0 = Instant::now();
         match req {
             Request::Read { offset, len } => {
                 let mut buf = BytesMut::zeroed(len as usize);
-                dp.read(offset, &mut buf).map_err(errno)?;
+                let how = dp.read_served(offset, &mut buf).map_err(errno)?;
+                self.lat.record(w, how, t0.elapsed());
                 Ok(Reply::Data(buf.freeze()))
             }
             Request::Write {
@@ -143,15 +190,16 @@ impl Inner {
                 data,
                 flags,
             } => {
-                dp.write(offset, &data, flags.fua).map_err(errno)?;
+                let how = dp.write_served(offset, &data, flags.fua).map_err(errno)?;
+                self.lat.record(w, how, t0.elapsed());
                 Ok(Reply::Done(data.len() as u64))
             }
             Request::Flush => self.cp.flush().map(|_| Reply::Done(0)).map_err(errno),
-            Request::Trim { offset, len, .. } => self
-                .cp
-                .discard(offset, len as u64)
-                .map(|_| Reply::Done(0))
-                .map_err(errno),
+            Request::Trim { offset, len, .. } => {
+                self.cp.discard(offset, len as u64).map_err(errno)?;
+                self.lat.record(w, Served::Control, t0.elapsed());
+                Ok(Reply::Done(0))
+            }
             Request::WriteZeroes { offset, len, flags } => {
                 self.cp
                     .write_zeroes(offset, len as u64, flags.no_hole)
@@ -159,6 +207,7 @@ impl Inner {
                 if flags.fua {
                     self.cp.flush().map_err(errno)?;
                 }
+                self.lat.record(w, Served::Control, t0.elapsed());
                 Ok(Reply::Done(0))
             }
             Request::Cache { .. } => Ok(Reply::Done(0)),
@@ -208,10 +257,15 @@ impl BlockDev for Qcow2Dev {
     fn close(&self) -> IoFuture {
         let inner = self.inner.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || inner.cp.close().map(|_| Reply::Done(0)))
-                .await
-                .unwrap_or(Ok(Reply::Done(0)))
-                .map_err(errno)
+            tokio::task::spawn_blocking(move || {
+                if let Some(mut c) = lock(&inner.control).take() {
+                    c.stop();
+                }
+                inner.cp.close().map(|_| Reply::Done(0))
+            })
+            .await
+            .unwrap_or(Ok(Reply::Done(0)))
+            .map_err(errno)
         })
     }
 }
@@ -253,6 +307,21 @@ const HEADERS: &[(&str, &str, &str)] = &[
         "counter",
         "data clusters allocated",
     ),
+    (
+        "iolift_qcow2_cache_hit_ratio",
+        "gauge",
+        "hits / (hits + misses) over every data path since start",
+    ),
+    (
+        "iolift_qcow2_compaction_moved_total",
+        "counter",
+        "clusters (data and L2 tables) compaction moved",
+    ),
+    (
+        "iolift_qcow2_latency_seconds",
+        "summary",
+        "request latency by the path it took: hit (every cluster from the cache), miss (translated), control (under the control plane's lock)",
+    ),
 ];
 
 impl MetricSource for Inner {
@@ -270,7 +339,22 @@ impl MetricSource for Inner {
                 .sample(out, HEADERS[3].0, &l, s.invalidations.load(Relaxed));
             self.id.sample(out, HEADERS[4].0, &l, c.len());
         }
+        let (hits, misses) = self.cp.caches().iter().fold((0, 0), |(h, m), c| {
+            (
+                h + c.stats.hits.load(Relaxed),
+                m + c.stats.misses.load(Relaxed),
+            )
+        });
+        let ratio = if hits + misses == 0 {
+            0.0
+        } else {
+            hits as f64 / (hits + misses) as f64
+        };
+        self.id.sample(out, HEADERS[8].0, &[], ratio);
         let s = &self.cp.stats;
+        self.id
+            .sample(out, HEADERS[9].0, &[], s.moved.load(Relaxed));
+        self.lat.render(&self.id, HEADERS[10].0, out);
         self.id
             .sample(out, HEADERS[5].0, &[], s.translations.load(Relaxed));
         self.id

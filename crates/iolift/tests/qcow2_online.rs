@@ -1,0 +1,175 @@
+//! Online control of a served qcow2 image (`qcow2:...,control=SOCKET`):
+//! fio writes and verifies over NBD while `iolift qcow2 control` takes
+//! and deletes snapshots, discards ranges, resizes the caches and
+//! compacts the image, with mapping caches of 2 entries so they thrash.
+//! Afterwards: zero verify errors, `qemu-img check` clean, the bytes
+//! qemu-io reads are the expected ones, and the file shrank.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+
+fn assert_clean(img: &Path) {
+    let o = run_timeout(cmd("qemu-img").arg("check").arg(img), CMD_TIMEOUT);
+    assert!(
+        o.status.code() == Some(0) && !o.all().contains("leaked"),
+        "qemu-img check is not clean\n{}",
+        o.report()
+    );
+}
+
+fn control(sock: &Path, words: &[&str]) -> String {
+    let o = run_ok(
+        std::process::Command::new(iolift_bin())
+            .args(["qcow2", "control"])
+            .arg(sock)
+            .args(words),
+    );
+    o.stdout
+}
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).unwrap().len()
+}
+
+#[test]
+fn fio_verify_while_snapshots_discards_and_compaction_run() {
+    let _g = heavy();
+    require_tool("fio");
+    let mut b = ServerBuilder::iolift();
+    let img = b.dir().join("o.qcow2");
+    run_ok(
+        cmd("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=4096"])
+            .arg(&img)
+            .arg("64M"),
+    );
+    // 40M..64M first (low in the file), then 0..32M (high in the file):
+    // discarding the first leaves holes that compaction fills with the
+    // clusters fio is writing and verifying
+    run_ok(
+        cmd("qemu-io")
+            .args(["-f", "qcow2", "-c", "write -P 0x77 40M 24M"])
+            .arg(&img),
+    );
+    run_ok(
+        cmd("qemu-io")
+            .args(["-f", "qcow2", "-c", "write -P 0x11 0 32M"])
+            .arg(&img),
+    );
+    let full = file_len(&img);
+    let sock = b.dir().join("ctl.sock");
+    let mut srv = b
+        .backend(&format!(
+            "qcow2:{},cache=2,paths=4,control={}",
+            img.display(),
+            sock.display()
+        ))
+        .start();
+    let uri = srv.uri();
+    let done = Arc::new(AtomicBool::new(false));
+    let ctl = {
+        let (sock, done) = (sock.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            let mut compacted = 0;
+            while !done.load(SeqCst) || i < 4 {
+                control(&sock, &["snapshot", "create", &format!("s{i}")]);
+                if i < 24 {
+                    let off = (40 + i) << 20;
+                    control(&sock, &["discard", &off.to_string(), "1048576"]);
+                }
+                control(&sock, &["cache", if i.is_multiple_of(2) { "1" } else { "2" }]);
+                let out = control(&sock, &["compact"]);
+                assert!(out.contains("moved data="), "{out}");
+                control(&sock, &["snapshot", "delete", &format!("s{i}")]);
+                let out = control(&sock, &["compact"]);
+                if !out.contains("moved data=0 ") {
+                    compacted += 1;
+                }
+                i += 1;
+            }
+            for j in i.min(24)..24 {
+                let off = (40 + j) << 20;
+                control(&sock, &["discard", &off.to_string(), "1048576"]);
+            }
+            (i, compacted)
+        })
+    };
+    let o = run_ok(cmd("fio").args([
+        "--name=online",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=16",
+        "--numjobs=2",
+        "--size=8M",
+        "--offset_increment=24M",
+        "--loops=3",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        "--group_reporting",
+    ]));
+    done.store(true, SeqCst);
+    let (rounds, compacted) = ctl.join().unwrap();
+    let all = o.all();
+    assert!(!all.contains("verify: bad"), "{all}");
+    assert!(
+        all.matches("err=").count() > 0
+            && all.matches("err=").count() == all.matches("err= 0").count(),
+        "fio reported errors:\n{all}"
+    );
+    assert!(all.contains("read: IOPS="), "no verify read phase:\n{all}");
+    assert!(
+        compacted > 0,
+        "no compaction moved anything in {rounds} rounds"
+    );
+    // a final compaction with every hole there, then the stats
+    let out = control(&sock, &["compact"]);
+    eprintln!("{rounds} rounds, {compacted} moved clusters; last: {out}");
+    let stats = control(&sock, &["stats"]);
+    for k in [
+        "cache_hits ",
+        "cache_invalidations ",
+        "compaction_moved ",
+        "latency_hit count=",
+    ] {
+        assert!(stats.contains(k), "{k} missing:\n{stats}");
+    }
+    let bad = run_fail(
+        std::process::Command::new(iolift_bin())
+            .args(["qcow2", "control"])
+            .arg(&sock)
+            .args(["discard", "0", "999999999999"]),
+    );
+    assert!(bad.all().contains("past the end"), "{}", bad.report());
+    control(&sock, &["snapshot", "create", "keep"]);
+    assert!(srv.stop().success(), "{}", srv.stderr());
+    assert!(!sock.exists(), "the control socket was left behind");
+    assert_clean(&img);
+    let after = file_len(&img);
+    assert!(
+        after < full * 3 / 4,
+        "the file did not shrink: {full} bytes before, {after} after"
+    );
+    let list = run_ok(cmd("qemu-img").args(["snapshot", "-l"]).arg(&img)).stdout;
+    assert!(list.contains("keep") && !list.contains(" s0 "), "{list}");
+    // what fio did not write is as it was; the discarded range is zero
+    run_ok(
+        cmd("qemu-io")
+            .args([
+                "-f",
+                "qcow2",
+                "-c",
+                "read -P 0x11 8M 16M",
+                "-c",
+                "read -P 0 40M 24M",
+            ])
+            .arg(&img),
+    );
+}
