@@ -4,9 +4,10 @@
 //! the rule allows; a move is taken only when it lowers the sum of
 //! squared deviations (the two deviations differ by more than one PG).
 //! An OSD for which no move exists is set aside for the rest of the run.
-//! Moves on a PG already changed in this run cost nothing from the
-//! budget; the search stops when the budget of changed PGs is spent or
-//! every OSD is within the deviation.
+//! The budget `max` bounds both the PGs changed and the shard moves (a
+//! PG changed earlier in the run is preferred, as it adds no command
+//! line); the search stops when it is spent or every OSD is within the
+//! deviation.
 
 use super::rule::RuleShape;
 use super::state::PoolState;
@@ -78,15 +79,17 @@ impl Search<'_> {
         self.touched.insert(seed);
     }
 
-    /// Run until `max` PGs are changed or nothing more helps.
+    /// Run until `max` PGs are changed, `max` shards moved, or nothing
+    /// more helps.
     pub fn run(&mut self, deviation: f64, max: usize) {
+        let mut moves = 0usize;
         let mut stuck_over: HashSet<i32> = HashSet::new();
         let mut stuck_under: HashSet<i32> = HashSet::new();
         // Each move lowers the sum of squares by at least 2e-9; the cap
         // only guards against rounding.
         let mut steps = 0usize;
         let cap = max.saturating_mul(64).saturating_add(100_000);
-        while steps < cap {
+        while steps < cap && moves < max {
             steps += 1;
             let budget = self.touched.len() < max;
             let over = self
@@ -126,6 +129,7 @@ impl Search<'_> {
             };
             if let Some((seed, from, to)) = found {
                 self.do_move(seed, from, to);
+                moves += 1;
             }
         }
     }
