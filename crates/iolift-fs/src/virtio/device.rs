@@ -69,8 +69,11 @@ impl FsDevice {
                 let q = g.get_queue_mut();
                 q.iter(mem).map_err(io::Error::other)?.collect()
             };
-            for chain in chains {
-                self.one(vring, chain);
+            // With a pool, the last request of a batch is served here:
+            // a lone request (queue depth 1) then costs no hand-over.
+            let n = chains.len();
+            for (i, chain) in chains.into_iter().enumerate() {
+                self.one(vring, chain, i + 1 == n);
             }
             if !vring.enable_notification().map_err(io::Error::other)? {
                 return Ok(());
@@ -79,8 +82,8 @@ impl FsDevice {
     }
 
     /// One descriptor chain: the request read out, the reply's buffers
-    /// noted, and the request served (here or on the pool).
-    fn one<M>(&self, vring: &VringRwLock, chain: virtio_queue::DescriptorChain<M>)
+    /// noted, and the request served (on the pool unless `last`, or here).
+    fn one<M>(&self, vring: &VringRwLock, chain: virtio_queue::DescriptorChain<M>, last: bool)
     where
         M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
     {
@@ -114,8 +117,8 @@ impl FsDevice {
             return reply.err(crate::model::Errno::EINVAL);
         }
         match &self.pool {
-            Some(p) => p.submit(req, reply),
-            None => self.session.handle(&req, reply),
+            Some(p) if !last => p.submit(req, reply),
+            _ => self.session.handle(&req, reply),
         }
     }
 

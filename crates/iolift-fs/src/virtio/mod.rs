@@ -92,11 +92,9 @@ impl Server {
         let session = Arc::new(Session::new(fs, stats.clone(), o.session.clone()));
         let pool = match o.thread_pool_size {
             0 => None,
-            n => Some(pool::Pool::new(
-                session.clone(),
-                n,
-                o.queue_size as usize * o.queues,
-            )?),
+            // At most two requests per worker wait: each holds a copy of
+            // up to `max_request` bytes.
+            n => Some(pool::Pool::new(session.clone(), n, 2 * n)?),
         };
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let dev = Arc::new(device::FsDevice::new(
