@@ -72,6 +72,7 @@ impl Inner {
 
     /// Marks child `c` failed and records it in the other superblocks.
     pub async fn fail(&self, c: usize, why: &str) {
+        self.bitmap_ok.store(false, Ordering::Release);
         let was = self.children[c].state.swap(FAILED, Ordering::AcqRel);
         if was == FAILED {
             return;
@@ -145,6 +146,7 @@ impl Inner {
             return Err(Errno::EIO);
         }
         self.persist_super().await;
+        self.bitmap_resume().await;
         Ok(())
     }
 

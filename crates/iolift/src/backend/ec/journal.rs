@@ -8,7 +8,8 @@
 //! not failed has that entry with its payload intact: then it is written
 //! in place again unless the crc table shows it is there already. If one
 //! is missing, the writer never started writing in place (it waits for
-//! every journal write), so the stripe is as it was before.
+//! every journal write), so the stripe is as it was before. Entries below
+//! the bitmap's floor are in place and skipped.
 
 use super::join::{join_all, Fut};
 use super::layout::{crcs, JHeader, BLOCK};
@@ -36,6 +37,9 @@ impl Inner {
         let off = self.geo.slot_off(j);
         let hb = self.child_read(c, off, BLOCK).await.ok()?;
         let h = JHeader::decode(&hb, uuid)?;
+        if h.seq < self.intent.floor.load(Ordering::Acquire) {
+            return None;
+        }
         if h.hi > self.geo.chunk || h.stripe >= self.geo.stripes {
             return None;
         }
@@ -95,7 +99,9 @@ impl Inner {
             }
             r.replayed += 1;
         }
-        self.seq.store(r.max_seq + 1, Ordering::Relaxed);
+        let floor = self.intent.floor.load(Ordering::Acquire);
+        self.seq
+            .store((r.max_seq + 1).max(floor), Ordering::Relaxed);
         self.metrics
             .replayed
             .fetch_add(r.replayed, Ordering::Relaxed);

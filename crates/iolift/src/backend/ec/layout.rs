@@ -5,6 +5,7 @@
 //! ```text
 //! 0                      superblock (4 KiB): geometry, uuid, epoch, failed children
 //! 4K                     journal: `slots` slots of 4 KiB header + chunk bytes
+//! bitmap_off             write-intent bitmap (4 KiB): one bit per region of stripes
 //! meta_base              crc table: one u32 per 4 KiB block of every chunk
 //! data_base              chunks: stripe s at data_base + s * chunk
 //! ```
@@ -20,7 +21,10 @@ use std::sync::OnceLock;
 pub const BLOCK: u64 = 4096;
 const SB_MAGIC: &[u8; 8] = b"IOLFTEC1";
 const J_MAGIC: &[u8; 8] = b"IOLFTJR1";
-const VERSION: u32 = 1;
+const BM_MAGIC: &[u8; 8] = b"IOLFTBM1";
+const VERSION: u32 = 2;
+/// Regions one bitmap block can hold (its bits after the header).
+pub const BM_BITS: u64 = 32_000;
 /// The largest chunk: its block crcs must fit a journal header.
 pub const MAX_CHUNK: u64 = 2 << 20;
 
@@ -59,8 +63,11 @@ impl Geometry {
     pub fn blocks_per_chunk(&self) -> u64 {
         self.chunk / BLOCK
     }
-    pub fn meta_base(&self) -> u64 {
+    pub fn bitmap_off(&self) -> u64 {
         BLOCK + self.slots * self.slot_size()
+    }
+    pub fn meta_base(&self) -> u64 {
+        self.bitmap_off() + BLOCK
     }
     fn meta_len(&self) -> u64 {
         (self.stripes * self.blocks_per_chunk() * 4).div_ceil(BLOCK) * BLOCK
@@ -85,7 +92,7 @@ impl Geometry {
     }
     /// The most stripes children of `size` bytes hold (0 if none fit).
     pub fn fit(mut self, size: u64) -> u64 {
-        let fixed = BLOCK + self.slots * self.slot_size() + BLOCK;
+        let fixed = BLOCK + self.slots * self.slot_size() + 2 * BLOCK;
         let per = self.chunk + self.blocks_per_chunk() * 4;
         self.stripes = size.saturating_sub(fixed) / per;
         while self.stripes > 0 && self.child_size() > size {
@@ -299,6 +306,57 @@ impl JHeader {
     }
 }
 
+/// The write-intent bitmap block: bit r set = region r (stripes
+/// `r * region ..`) may have a stripe whose parity does not match its
+/// data; `floor`: journal entries with a lower sequence number are in
+/// place (they are not replayed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bitmap {
+    pub uuid: u64,
+    pub floor: u64,
+    /// Stripes per region.
+    pub region: u64,
+    pub bits: Vec<u64>,
+}
+
+impl Bitmap {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK as usize];
+        let at = &mut 0;
+        put(&mut b, at, BM_MAGIC);
+        for v in [self.uuid, self.floor, self.region, self.bits.len() as u64] {
+            put(&mut b, at, &v.to_le_bytes());
+        }
+        for w in &self.bits {
+            put(&mut b, at, &w.to_le_bytes());
+        }
+        seal(&mut b);
+        b
+    }
+
+    /// The bitmap, if `b` holds a sealed one of device `uuid`.
+    pub fn decode(b: &[u8], uuid: u64) -> Option<Bitmap> {
+        if b.len() < BLOCK as usize || &b[..8] != BM_MAGIC || !sealed(b) {
+            return None;
+        }
+        let at = &mut 8;
+        let mut v = [0u64; 4];
+        for x in v.iter_mut() {
+            *x = u64::from_le_bytes(get(b, at));
+        }
+        if v[0] != uuid || v[2] == 0 || v[3] > BM_BITS.div_ceil(64) {
+            return None;
+        }
+        let bits = (0..v[3]).map(|_| u64::from_le_bytes(get(b, at))).collect();
+        Some(Bitmap {
+            uuid: v[0],
+            floor: v[1],
+            region: v[2],
+            bits,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,6 +401,17 @@ mod tests {
         assert_eq!(JHeader::decode(&b, 8), None);
         b[20] ^= 1;
         assert_eq!(JHeader::decode(&b, 7), None);
+        let bm = Bitmap {
+            uuid: 7,
+            floor: 12,
+            region: 16,
+            bits: vec![0b101, 1 << 63],
+        };
+        let mut b = bm.encode();
+        assert_eq!(Bitmap::decode(&b, 7), Some(bm));
+        assert_eq!(Bitmap::decode(&b, 8), None);
+        b[30] ^= 1;
+        assert_eq!(Bitmap::decode(&b, 7), None);
     }
 
     #[test]
@@ -358,7 +427,8 @@ mod tests {
         let g = Geometry { stripes: n, ..g };
         assert!(n > 900 && g.child_size() <= 64 << 20, "{n}");
         assert!(g.meta_off(n - 1, 15) + 4 <= g.data_base());
-        assert!(g.slot_off(63) + g.slot_size() <= g.meta_base());
+        assert!(g.slot_off(63) + g.slot_size() <= g.bitmap_off());
+        assert!(g.bitmap_off() + BLOCK <= g.meta_base());
         assert_eq!(g.fit(4096), 0);
         assert_eq!(block_crc(&[0u8; 4096]), 0);
         assert_ne!(block_crc(&[1u8; 4096]), 0);

@@ -24,6 +24,8 @@ pub struct EcMetrics {
     pub stripe_writes: AtomicU64,
     /// Journal updates written again at open.
     pub replayed: AtomicU64,
+    /// Stripes of dirty bitmap regions whose parity or crcs were rewritten.
+    pub resynced: AtomicU64,
     /// Stripes whose parity the offload engine computed (`device=gpu`).
     pub offloaded: AtomicU64,
 }
@@ -69,15 +71,16 @@ const HEADERS: &[(&str, &str, &str)] = &[
         "counter",
         "children marked failed",
     ),
-    (
-        "iolift_ec_stripe_writes_total",
-        "counter",
-        "journalled stripe updates",
-    ),
+    ("iolift_ec_stripe_writes_total", "counter", "stripe updates"),
     (
         "iolift_ec_journal_replayed_total",
         "counter",
         "updates written again after a crash",
+    ),
+    (
+        "iolift_ec_resynced_stripes_total",
+        "counter",
+        "stripes whose parity or crcs the resync after an unclean stop rewrote",
     ),
 ];
 
@@ -95,6 +98,7 @@ impl EcMetrics {
             failures: AtomicU64::new(0),
             stripe_writes: AtomicU64::new(0),
             replayed: AtomicU64::new(0),
+            resynced: AtomicU64::new(0),
             offloaded: AtomicU64::new(0),
         });
         metrics::register(m.clone());
@@ -141,6 +145,7 @@ impl MetricSource for EcMetrics {
             ("iolift_ec_child_failures_total", &self.failures),
             ("iolift_ec_stripe_writes_total", &self.stripe_writes),
             ("iolift_ec_journal_replayed_total", &self.replayed),
+            ("iolift_ec_resynced_stripes_total", &self.resynced),
             ("iolift_ec_offloaded_stripes_total", &self.offloaded),
         ] {
             self.id.sample(out, fam, &[], v.load(Relaxed));

@@ -7,9 +7,11 @@
 //! Files, one job each: `children.rs` (the children list), `layout.rs`
 //! (what each child holds, superblock and journal records), `open.rs`
 //! (format or assemble, load, replay), `io.rs` (child I/O, failures),
-//! `read.rs` (reads, decoding, repair), `write.rs` (the journalled stripe
-//! update), `journal.rs` (replay after a crash), `rebuild.rs` (rebuild and
-//! check), `gpu.rs` (encoding on the offload engine), `metrics.rs`.
+//! `read.rs` (reads, decoding, repair), `write.rs` (the stripe update),
+//! `wb.rs` (the write-back stripe buffer), `bitmap.rs` (the write-intent
+//! bitmap and resync), `journal.rs` (replay after a crash), `rebuild.rs`
+//! (rebuild and check), `gpu.rs` (encoding on the offload engine),
+//! `metrics.rs`.
 //! See docs/ec-device.md for the layout, the crash rule and the budgets.
 
 use super::{BackendSpec, Kind, OptHelp};
@@ -19,6 +21,7 @@ use iolift_ec::{Codec, Profile};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+mod bitmap;
 pub mod children;
 mod gpu;
 mod io;
@@ -29,6 +32,7 @@ mod metrics;
 mod open;
 mod read;
 pub mod rebuild;
+mod wb;
 mod write;
 
 use children::ChildSpec;
@@ -90,6 +94,24 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "where full-stripe parity is computed (gpu: batched on the offload engine)",
     },
     OptHelp {
+        name: "consistency",
+        kind: Kind::Choice(&["bitmap", "journal"]),
+        default: "bitmap",
+        help: "crash safety of parity updates: a write-intent bitmap and resync (the journal while a child is failed), or always the journal",
+    },
+    OptHelp {
+        name: "region",
+        kind: Kind::Size,
+        default: "4M",
+        help: "logical bytes per write-intent bitmap bit (resynced after a crash if dirty)",
+    },
+    OptHelp {
+        name: "wb",
+        kind: Kind::Size,
+        default: "16M",
+        help: "write-back stripe buffer: most bytes of partial-stripe writes held until their stripe is whole (0: off)",
+    },
+    OptHelp {
         name: "barrier",
         kind: Kind::Flag,
         default: "off",
@@ -126,6 +148,10 @@ pub struct Config {
     pub size: Option<u64>,
     pub gpu: bool,
     pub barrier: bool,
+    /// `consistency=journal`: never the bitmap.
+    pub journal_only: bool,
+    pub region: u64,
+    pub wb: u64,
     pub auto_rebuild: bool,
     pub crc_mem: u64,
     pub name: Option<String>,
@@ -214,6 +240,12 @@ pub fn parse(s: &BackendSpec) -> Result<Config> {
         size,
         gpu: o.choice("device", &["cpu", "gpu"], "cpu")? == "gpu",
         barrier: o.flag("barrier")?,
+        journal_only: o.choice("consistency", &["bitmap", "journal"], "bitmap")? == "journal",
+        region: match o.size("region", 4 << 20)? {
+            0 => return Err(o.err("region", "0: at least one byte (one stripe)")),
+            n => n,
+        },
+        wb: o.size("wb", 16 << 20)?,
         auto_rebuild: o.choice("rebuild", &["auto", "off"], "auto")? == "auto",
         crc_mem: o.size("crc_mem", 256 << 20)?,
         name: o.label("name")?,
@@ -228,6 +260,7 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
     Ok(Arc::new(EcDev {
         inner,
         rebuild_started: AtomicBool::new(!auto),
+        idle_started: AtomicBool::new(false),
     }))
 }
 
@@ -277,6 +310,13 @@ pub struct Inner {
     pub gpu: Option<gpu::Gpu>,
     pub barrier: bool,
     pub stop: AtomicBool,
+    /// `consistency=journal`.
+    pub journal_only: bool,
+    /// The bitmap may be used: set once its floor is on disk with no child
+    /// failed, cleared when a child fails.
+    pub bitmap_ok: AtomicBool,
+    pub intent: bitmap::Intent,
+    pub wb: wb::Wb,
 }
 
 impl Inner {
@@ -301,6 +341,10 @@ impl Inner {
     pub fn crc(&self, c: usize, s: u64, blk: u64) -> u32 {
         self.crcs[c][(s * self.geo.blocks_per_chunk() + blk) as usize].load(Ordering::Relaxed)
     }
+    /// Whether stripe updates go through the journal now.
+    pub fn use_journal(&self) -> bool {
+        self.journal_only || !self.bitmap_ok.load(Ordering::Acquire) || self.degraded() > 0
+    }
     pub fn set_crcs(&self, c: usize, s: u64, lo: u64, crcs: &[u32]) {
         let base = (s * self.geo.blocks_per_chunk() + lo / BLOCK) as usize;
         for (i, v) in crcs.iter().enumerate() {
@@ -313,6 +357,7 @@ impl Inner {
 pub struct EcDev {
     pub inner: Arc<Inner>,
     rebuild_started: AtomicBool,
+    idle_started: AtomicBool,
 }
 
 impl EcDev {
@@ -337,6 +382,33 @@ impl EcDev {
     }
 }
 
+impl EcDev {
+    /// Starts, once, the task that writes out stripes idle in the
+    /// write-back buffer; it ends with the device.
+    fn kick_idle(&self) {
+        if !self.inner.wb.enabled()
+            || self.idle_started.load(Ordering::Relaxed)
+            || self.idle_started.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(wb::IDLE).await;
+                let Some(d) = weak.upgrade() else { return };
+                if d.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let idle = d.wb.idle(wb::IDLE);
+                if let Err(e) = d.drain(idle).await {
+                    tracing::warn!("ec: writing out idle buffered stripes: {e:?}");
+                }
+            }
+        });
+    }
+}
+
 impl BlockDev for EcDev {
     fn info(&self) -> DevInfo {
         DevInfo {
@@ -352,6 +424,9 @@ impl BlockDev for EcDev {
             return ready(Err(e));
         }
         self.kick_rebuild();
+        if matches!(req, Request::Write { .. }) {
+            self.kick_idle();
+        }
         let inner = self.inner.clone();
         match req {
             Request::Read { offset, len } => {
@@ -397,3 +472,5 @@ impl BlockDev for EcDev {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bitmap;

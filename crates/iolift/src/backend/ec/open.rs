@@ -4,7 +4,8 @@
 //! are replaced and need a rebuild), crc tables loaded, journal replayed.
 
 use super::layout::{Found, Geometry, Super};
-use super::{metrics, Child, Config, Inner, FAILED, HEALTHY};
+use super::wb::Wb;
+use super::{bitmap, metrics, Child, Config, Inner, FAILED, HEALTHY};
 use crate::block::{BlockDevExt, Errno, Flags, Request};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -92,6 +93,10 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
         gpu,
         barrier: cfg.barrier,
         stop: AtomicBool::new(false),
+        journal_only: cfg.journal_only,
+        bitmap_ok: AtomicBool::new(false),
+        intent: bitmap::Intent::new(1, 1, 1),
+        wb: Wb::new(cfg.wb),
     };
     let mut found = Vec::with_capacity(n);
     for c in 0..n {
@@ -104,10 +109,23 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
             _ => None,
         })
         .max_by_key(|s| s.epoch);
+    let fresh = newest.is_none();
     match newest {
-        None => format(&mut inner, &cfg).await?,
+        None => {
+            if let Some((c, why)) = found.iter().enumerate().find_map(|(c, f)| match f {
+                Some(Found::Damaged(why)) => Some((c, why)),
+                _ => None,
+            }) {
+                bail!(
+                    "backend ec: child {c} ({}): {why}; no child has an intact superblock, and formatting over it would lose its data",
+                    inner.children[c].label
+                );
+            }
+            format(&mut inner, &cfg).await?
+        }
         Some(sb) => join(&mut inner, &cfg, sb, &found)?,
     }
+    inner.intent = bitmap::Intent::new(inner.geo.stripes, inner.geo.stripe_bytes(), cfg.region);
     let bad = inner.degraded_failed();
     if bad > cfg.geo.m {
         let lost: Vec<String> = (0..n)
@@ -124,6 +142,20 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
     let inner = Arc::new(inner);
     // the failed set as found (a child that failed to open, a new child)
     inner.persist_super().await;
+    let dirty = if fresh {
+        Vec::new()
+    } else {
+        match inner.intent_load().await {
+            Some((dirty, floor)) => {
+                inner.intent.floor.store(floor, Ordering::Release);
+                dirty
+            }
+            None => {
+                tracing::warn!("ec: no intact write-intent bitmap: every stripe is resynced");
+                vec![(0, inner.geo.stripes)]
+            }
+        }
+    };
     let r = inner.replay().await;
     if r.replayed + r.dropped > 0 {
         tracing::info!(
@@ -132,8 +164,43 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
             r.dropped
         );
     }
+    resync(&inner, &dirty).await?;
+    inner.intent_set_floor().await;
+    if !inner.journal_only && inner.degraded() == 0 {
+        inner.bitmap_ok.store(true, Ordering::Release);
+    }
     inner.metrics.attach(&inner);
     Ok(inner)
+}
+
+/// Resyncs the stripes of the dirty bitmap regions, then flushes the
+/// children (the bitmap is cleared after this).
+async fn resync(inner: &Inner, dirty: &[(u64, u64)]) -> Result<()> {
+    if dirty.is_empty() {
+        return Ok(());
+    }
+    let n: u64 = dirty.iter().map(|(a, b)| b - a).sum();
+    let (mut fixed, mut lost) = (0, 0);
+    for &(a, b) in dirty {
+        let (f, l) = inner.resync(a, b).await;
+        fixed += f;
+        lost += l;
+    }
+    for c in 0..inner.n() {
+        if inner.writable(c) {
+            let _ = inner.child_flush(c).await;
+        }
+    }
+    inner.metrics.resynced.fetch_add(fixed, Ordering::Relaxed);
+    tracing::info!(
+        "ec: write-intent bitmap: {n} stripes of dirty regions resynced, {fixed} of them had parity or crcs rewritten, {lost} could not be checked"
+    );
+    if lost > 0 {
+        tracing::error!(
+            "ec: {lost} stripes written at the unclean stop have a data chunk on a lost child: their parity could not be checked and a decode of that chunk may be wrong"
+        );
+    }
+    Ok(())
 }
 
 /// Stripes and logical size from the options and the smallest child.

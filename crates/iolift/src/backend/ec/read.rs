@@ -10,6 +10,9 @@ use crate::block::Errno;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::Ordering;
 
+/// Columns of one chunk a request touches: (stripe, chunk, lo, hi, at).
+type Span = (u64, usize, u64, u64, usize);
+
 /// What reading one chunk's columns gave.
 enum Got {
     Good(Bytes),
@@ -184,7 +187,7 @@ impl Inner {
 
     /// Columns of one chunk a request touches: `(chunk, lo, hi, at)` where
     /// the request's bytes at `at..` are the chunk's `[lo, hi)`.
-    pub fn pieces(&self, off: u64, len: u64) -> Vec<(u64, usize, u64, u64, usize)> {
+    pub fn pieces(&self, off: u64, len: u64) -> Vec<Span> {
         let chunk = self.geo.chunk;
         let mut out = Vec::new();
         let mut done = 0u64;
@@ -201,31 +204,62 @@ impl Inner {
         out
     }
 
-    /// A read of `[off, off + len)`.
+    /// A read of `[off, off + len)`. Stripes it touches that the
+    /// write-back buffer holds are written out first. With a child failed,
+    /// the pieces of one stripe are read together (one decode per stripe).
     pub async fn read(&self, off: u64, len: u32) -> Result<Bytes, Errno> {
         self.check_alive()?;
         let unit = self.unit;
         let pieces = self.pieces(off, len as u64);
-        let futs: Vec<Fut<'_, Result<Bytes, Errno>>> = pieces
+        let mut stripes: Vec<u64> = pieces.iter().map(|p| p.0).collect();
+        stripes.dedup();
+        let held: Vec<u64> = stripes
             .iter()
-            .map(|&(s, c, lo, hi, _)| {
+            .copied()
+            .filter(|&s| self.wb.has(s))
+            .collect();
+        if !held.is_empty() {
+            self.drain(held).await?;
+        }
+        let groups: Vec<Vec<Span>> = if self.degraded() > 0 {
+            let mut g: Vec<Vec<Span>> = Vec::new();
+            for p in pieces {
+                match g.last_mut() {
+                    Some(v) if v[0].0 == p.0 => v.push(p),
+                    _ => g.push(vec![p]),
+                }
+            }
+            g
+        } else {
+            pieces.into_iter().map(|p| vec![p]).collect()
+        };
+        let futs: Vec<Fut<'_, Result<Vec<Bytes>, Errno>>> = groups
+            .iter()
+            .map(|g| {
                 Box::pin(async move {
-                    let (a, b) = (lo / unit * unit, hi.div_ceil(unit) * unit);
+                    let s = g[0].0;
+                    let a = g.iter().map(|p| p.2).min().expect("a piece") / unit * unit;
+                    let b = g.iter().map(|p| p.3).max().expect("a piece").div_ceil(unit) * unit;
+                    let want: Vec<usize> = g.iter().map(|p| p.1).collect();
                     let _g = self.locks[(s % self.geo.slots) as usize].read().await;
-                    let mut v = self.read_cols(s, a, b, &[c]).await?;
-                    Ok(v.pop()
-                        .expect("one")
-                        .slice((lo - a) as usize..(hi - a) as usize))
-                }) as Fut<'_, Result<Bytes, Errno>>
+                    let v = self.read_cols(s, a, b, &want).await?;
+                    Ok(v.into_iter()
+                        .zip(g)
+                        .map(|(b, p)| b.slice((p.2 - a) as usize..(p.3 - a) as usize))
+                        .collect())
+                }) as Fut<'_, Result<Vec<Bytes>, Errno>>
             })
             .collect();
-        let parts = join_all(futs).await;
+        let mut parts = Vec::new();
+        for r in join_all(futs).await {
+            parts.extend(r?);
+        }
         if parts.len() == 1 {
-            return parts.into_iter().next().expect("one");
+            return Ok(parts.pop().expect("one"));
         }
         let mut out = BytesMut::with_capacity(len as usize);
         for p in parts {
-            out.extend_from_slice(&p?);
+            out.extend_from_slice(&p);
         }
         Ok(out.freeze())
     }

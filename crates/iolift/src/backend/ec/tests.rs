@@ -6,11 +6,11 @@ use crate::block::{BlockDevExt, Flags};
 use bytes::Bytes;
 use std::path::Path;
 
-fn spec(children: &str, opts: &str) -> String {
+pub(super) fn spec(children: &str, opts: &str) -> String {
     format!("ec:{children},{opts}")
 }
 
-fn files(dir: &Path, n: usize, size: &str) -> String {
+pub(super) fn files(dir: &Path, n: usize, size: &str) -> String {
     format!("file:{}/s{{0..{}}}.img+size={size}", dir.display(), n - 1)
 }
 
@@ -27,12 +27,12 @@ impl Rng {
     }
 }
 
-fn rnd(seed: u64, n: usize) -> Vec<u8> {
+pub(super) fn rnd(seed: u64, n: usize) -> Vec<u8> {
     let mut r = Rng(seed);
     (0..n).map(|_| r.next_u64() as u8).collect()
 }
 
-fn open_ec(s: &str) -> (DevRef, Arc<Inner>) {
+pub(super) fn open_ec(s: &str) -> (DevRef, Arc<Inner>) {
     let bs = crate::backend::BackendSpec::parse(s).unwrap();
     bs.opts.check(OPTIONS).unwrap();
     let cfg = parse(&bs).unwrap();
@@ -40,15 +40,28 @@ fn open_ec(s: &str) -> (DevRef, Arc<Inner>) {
     let dev: DevRef = Arc::new(EcDev {
         inner: inner.clone(),
         rebuild_started: AtomicBool::new(true),
+        idle_started: AtomicBool::new(false),
     });
     (dev, inner)
 }
 
 #[tokio::test]
 async fn writes_of_every_shape_read_back() {
+    // the default (bitmap, write-back buffer), a buffer small enough to
+    // evict, and the journal without a buffer
+    for opts in [
+        "chunk=16K,slots=4",
+        "chunk=16K,slots=4,wb=96K",
+        "chunk=16K,slots=4,wb=0,consistency=journal",
+    ] {
+        writes_read_back(opts).await;
+    }
+}
+
+async fn writes_read_back(opts: &str) {
     let s = spec(
         "memory:8M;memory:8M;memory:8M;memory:8M;memory:8M;memory:8M",
-        "chunk=16K,slots=4",
+        opts,
     );
     let (d, inner) = open_ec(&s);
     let size = d.info().size;
@@ -56,11 +69,23 @@ async fn writes_of_every_shape_read_back() {
     let mut model = vec![0u8; size as usize];
     let mut r = Rng(5);
     for i in 0..200 {
-        let len = 1 + (r.next_u64() % 150_000) as usize;
-        let off = r.next_u64() % (size - len as u64);
+        let mut len = 1 + (r.next_u64() % 150_000) as usize;
+        let mut off = r.next_u64() % (size - len as u64);
+        if i % 2 == 0 {
+            // 4 KiB aligned: the write-back buffer takes these
+            len = (len / 4096).max(1) * 4096;
+            off = off / 4096 * 4096;
+        }
         let data = rnd(i, len);
         model[off as usize..off as usize + len].copy_from_slice(&data);
         d.write(off, Bytes::from(data), Flags::NONE).await.unwrap();
+        if i % 10 == 9 {
+            // reads see buffered writes
+            let a = off.saturating_sub(5000).min(size - 70_000);
+            let got = d.read(a, 70_000).await.unwrap();
+            let a = a as usize;
+            assert_eq!(&got[..], &model[a..a + 70_000], "{opts}: write {i}");
+        }
     }
     d.flush().await.unwrap();
     for _ in 0..100 {
@@ -70,7 +95,7 @@ async fn writes_of_every_shape_read_back() {
         assert_eq!(
             &got[..],
             &model[off as usize..off as usize + len],
-            "{off}+{len}"
+            "{opts}: {off}+{len}"
         );
     }
     let c = rebuild::check(&inner, &|_| {}).await;
@@ -152,7 +177,10 @@ async fn lost_children_corruption_and_rebuild() {
 #[tokio::test]
 async fn journal_replays_committed_updates_and_drops_torn_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let s = spec(&files(dir.path(), 6, "4M"), "chunk=16K,slots=4,rebuild=off");
+    let s = spec(
+        &files(dir.path(), 6, "4M"),
+        "chunk=16K,slots=4,rebuild=off,consistency=journal",
+    );
     let (a, b) = (rnd(3, 64 << 10), rnd(4, 64 << 10));
     let geo;
     {

@@ -1,0 +1,160 @@
+//! The write-back stripe buffer (`wb=BYTES`, 0 = off): pieces of stripes
+//! that partial, 4 KiB aligned writes leave, held until the stripe can be
+//! written whole, so that sequential writes smaller than a stripe become
+//! full-stripe writes (no reads, no old parity).
+//!
+//! A piece is acknowledged once it is here, as a disk's volatile write
+//! cache does: it is stable after the next flush (which writes every
+//! buffered stripe first). A stripe leaves the buffer through
+//! `Inner::write_stripe`, under the stripe's exclusive lock, when it is
+//! complete, when its pieces are too many, when the budget needs room
+//! (the oldest one goes), at a flush, after `IDLE` without new pieces, or
+//! before a read of it. The buffer holds the writes' own bytes (no copy);
+//! at most `wb` bytes of pieces are held.
+
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::layout::BLOCK;
+
+/// A data chunk's new bytes in one stripe: (chunk, first column, bytes).
+pub type Piece = (usize, u64, Bytes);
+
+/// Pieces one stripe may gather before it is written (rewrites of the
+/// same blocks add pieces).
+const MAX_PIECES: usize = 64;
+/// A stripe without a new piece for this long is written out.
+pub const IDLE: Duration = Duration::from_millis(100);
+
+struct Entry {
+    pieces: Vec<Piece>,
+    /// 4 KiB blocks of the stripe that some piece covers.
+    filled: Vec<u64>,
+    nfilled: u64,
+    bytes: u64,
+    touched: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    map: HashMap<u64, Entry>,
+    bytes: u64,
+}
+
+/// What [`Wb::put`] did.
+pub enum Put {
+    /// Held; `Some(s)`: stripe `s` is ready to be written now.
+    Held(Option<u64>),
+    /// Not held, the budget is full: `Some(s)` is the oldest stripe, to
+    /// write out before trying again.
+    Full(Option<u64>),
+}
+
+pub struct Wb {
+    budget: u64,
+    state: Mutex<State>,
+    /// Stripes held (read without the lock, to skip it when empty).
+    held: AtomicUsize,
+}
+
+impl Wb {
+    pub fn new(budget: u64) -> Wb {
+        Wb {
+            budget,
+            state: Mutex::new(State::default()),
+            held: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.budget > 0
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `pieces` (4 KiB aligned) of stripe `s` of `k` chunks of `chunk`.
+    pub fn put(&self, s: u64, pieces: &[Piece], chunk: u64, k: u64) -> Put {
+        let add: u64 = pieces.iter().map(|p| p.2.len() as u64).sum();
+        let mut st = self.st();
+        if st.bytes + add > self.budget {
+            let oldest = st
+                .map
+                .iter()
+                .min_by_key(|(_, e)| e.touched)
+                .map(|(s, _)| *s);
+            return Put::Full(oldest);
+        }
+        let blocks = chunk * k / BLOCK;
+        let e = st.map.entry(s).or_insert_with(|| Entry {
+            pieces: Vec::new(),
+            filled: vec![0; blocks.div_ceil(64) as usize],
+            nfilled: 0,
+            bytes: 0,
+            touched: Instant::now(),
+        });
+        for p in pieces {
+            let first = (p.0 as u64 * chunk + p.1) / BLOCK;
+            for b in first..first + p.2.len() as u64 / BLOCK {
+                let (w, bit) = ((b / 64) as usize, 1u64 << (b % 64));
+                if e.filled[w] & bit == 0 {
+                    e.filled[w] |= bit;
+                    e.nfilled += 1;
+                }
+            }
+            e.pieces.push(p.clone());
+        }
+        e.bytes += add;
+        e.touched = Instant::now();
+        let ready = e.nfilled == blocks || e.pieces.len() >= MAX_PIECES;
+        st.bytes += add;
+        self.held.store(st.map.len(), Ordering::Release);
+        Put::Held(ready.then_some(s))
+    }
+
+    /// Takes stripe `s`'s pieces out (oldest first); the caller holds the
+    /// stripe's exclusive lock and writes them.
+    pub fn take(&self, s: u64) -> Vec<Piece> {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut st = self.st();
+        let Some(e) = st.map.remove(&s) else {
+            return Vec::new();
+        };
+        st.bytes -= e.bytes;
+        self.held.store(st.map.len(), Ordering::Release);
+        e.pieces
+    }
+
+    /// Whether stripe `s` has pieces here.
+    pub fn has(&self, s: u64) -> bool {
+        self.held.load(Ordering::Acquire) != 0 && self.st().map.contains_key(&s)
+    }
+
+    /// Every stripe held.
+    pub fn stripes(&self) -> Vec<u64> {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.st().map.keys().copied().collect()
+    }
+
+    /// Stripes without a new piece for `idle`.
+    pub fn idle(&self, idle: Duration) -> Vec<u64> {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        self.st()
+            .map
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.touched) >= idle)
+            .map(|(s, _)| *s)
+            .collect()
+    }
+}
