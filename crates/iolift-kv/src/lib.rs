@@ -15,5 +15,5 @@ pub mod env;
 mod handle;
 pub mod posix;
 
-pub use env::{AccelEnv, EnvConfig};
+pub use env::{AccelEnv, EnvConfig, KV_CACHE_BLOCKS};
 pub use posix::PosixSyncEnv;

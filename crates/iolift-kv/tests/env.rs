@@ -32,7 +32,13 @@ fn accel(image: &Path, fresh: bool, cache_blocks: usize) -> AccelEnv {
         )
         .unwrap();
     }
-    AccelEnv::new(Fs::mount(eng).unwrap(), &EnvConfig { cache_blocks }, None)
+    // A total budget of 4 files' worth: with more files open, the budget
+    // (not each file's bound) decides what is evicted.
+    let cfg = EnvConfig {
+        cache_blocks,
+        cache_budget: cache_blocks * 4,
+    };
+    AccelEnv::new(Fs::mount(eng).unwrap(), &cfg, None)
 }
 
 fn options(env: Box<dyn rusty_leveldb::env::Env>) -> Options {

@@ -113,7 +113,7 @@ enum Sub {
     /// Latency of one request at a time at random aligned offsets: the
     /// engine or pread/pwrite/fdatasync on TARGET (fill it first), or a
     /// file /lat of --span bytes on the AccelFS TARGET; prints `ops N
-    /// mean_us M p50_us P p99_us Q`.
+    /// mean_us M p50_us P p99_us Q cpu_us C` (C: CPU time per request).
     Lat {
         target: PathBuf,
         #[arg(long, value_enum, default_value = "uring")]
@@ -174,6 +174,8 @@ impl AccelfsArgs {
         }
         let cfg = Config {
             sqpoll: self.sqpoll.then_some(1000),
+            // AccelFS waits for every request: no engine thread.
+            inline: true,
             ..Config::default()
         };
         Ok(Engine::new(t, cfg)?)
@@ -374,8 +376,8 @@ pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
             };
             let r = lat::measure(target, &spec)?;
             println!(
-                "ops {} mean_us {:.1} p50_us {:.1} p99_us {:.1}",
-                r.ops, r.mean_us, r.p50_us, r.p99_us
+                "ops {} mean_us {:.1} p50_us {:.1} p99_us {:.1} cpu_us {:.2}",
+                r.ops, r.mean_us, r.p50_us, r.p99_us, r.cpu_us
             );
         }
         Sub::Stream {

@@ -78,9 +78,13 @@ struct StoreArgs {
     /// A kernel thread polls the engine's submission queue.
     #[arg(long)]
     sqpoll: bool,
-    /// AccelFS cache blocks per open file.
-    #[arg(long = "cache_blocks", default_value_t = 16)]
+    /// AccelFS cache blocks per open file (2 MiB at 8 KiB blocks: one
+    /// table file).
+    #[arg(long = "cache_blocks", default_value_t = iolift_kv::KV_CACHE_BLOCKS)]
     cache_blocks: usize,
+    /// AccelFS cache of all open files together, in MiB.
+    #[arg(long = "accelfs_cache_mb", default_value_t = 64)]
+    accelfs_cache_mb: usize,
     /// The engine's memtable size in bytes (db_bench's flag).
     #[arg(long = "write_buffer_size", default_value_t = 4 << 20)]
     write_buffer_size: usize,
@@ -163,6 +167,13 @@ fn open_store(a: &StoreArgs) -> Result<Store> {
     if a.cache_blocks == 0 {
         bail!("--cache_blocks: 0 (at least 1)");
     }
+    if a.accelfs_cache_mb == 0 || a.accelfs_cache_mb > 1 << 20 {
+        bail!(
+            "--accelfs_cache_mb: {} (1 to {})",
+            a.accelfs_cache_mb,
+            1 << 20
+        );
+    }
     match a.env {
         EnvKind::Accelfs => {
             let image = a.image.as_ref().context("--env accelfs needs --image")?;
@@ -222,6 +233,8 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
     let lock = lock_image(image)?;
     let cfg = Config {
         sqpoll: a.sqpoll.then_some(1000),
+        // AccelFS waits for every request: no engine thread.
+        inline: true,
         ..Config::default()
     };
     let eng = Engine::new(t, cfg)?;
@@ -240,10 +253,12 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
         fs.superblock().block_size,
         a.db
     );
+    let cache_budget = (a.accelfs_cache_mb << 20) / fs.superblock().block_size as usize;
     let env = AccelEnv::new(
         fs,
         &EnvConfig {
             cache_blocks: a.cache_blocks,
+            cache_budget,
         },
         Some(lock),
     );
