@@ -3,53 +3,42 @@
 //! there (the crash ordering of iolift_direct::fs); `fsck --repair` frees
 //! what the kill leaked.
 
-use iolift_testkit::{write_random_file, Rng};
+mod common;
+use common::*;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn iolift() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_iolift"))
-}
-
-fn ok(c: &mut Command) -> Output {
-    let o = c.output().unwrap();
-    assert!(
-        o.status.success(),
-        "{c:?} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
+use std::process::{Command, Stdio};
 
 fn fsck(img: &Path, repair: bool) -> String {
-    let mut c = iolift();
+    let mut c = Command::new(iolift_bin());
     c.args(["accelfs", "fsck"]).arg(img);
     if repair {
         c.arg("--repair");
     }
-    let o = ok(&mut c);
-    let out = String::from_utf8(o.stdout).unwrap();
+    let out = run_ok(&mut c).stdout;
     assert!(!out.contains("error:"), "fsck found errors:\n{out}");
     out
 }
 
 fn cp_out(img: &Path, src: &str, dst: &Path) {
-    ok(iolift()
-        .args(["accelfs", "cp-out"])
-        .arg(img)
-        .arg(src)
-        .arg(dst));
+    run_ok(
+        Command::new(iolift_bin())
+            .args(["accelfs", "cp-out"])
+            .arg(img)
+            .arg(src)
+            .arg(dst),
+    );
 }
 
 #[test]
 fn kill_during_copies_leaves_a_consistent_fs_with_synced_bytes() {
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("fs.img");
-    ok(iolift()
-        .args(["accelfs", "mkfs", "--size", "160M", "--block-size", "8K"])
-        .arg(&img));
+    run_ok(
+        Command::new(iolift_bin())
+            .args(["accelfs", "mkfs", "--size", "160M", "--block-size", "8K"])
+            .arg(&img),
+    );
     let mut rng = Rng::new(7);
     let mut complete: Vec<(String, std::path::PathBuf)> = Vec::new();
     for round in 0..5 {
@@ -57,7 +46,7 @@ fn kill_during_copies_leaves_a_consistent_fs_with_synced_bytes() {
         write_random_file(&src, 20 << 20, 100 + round);
         let name = format!("/f{round}");
         let kill_after = 1 + rng.below(10);
-        let mut child = iolift()
+        let mut child = Command::new(iolift_bin())
             .args(["accelfs", "cp-in", "--sync-every", "1M"])
             .arg(&img)
             .arg(&src)
@@ -107,11 +96,13 @@ fn kill_during_copies_leaves_a_consistent_fs_with_synced_bytes() {
             );
         }
         // Then copy it completely (replacing the partial one).
-        ok(iolift()
-            .args(["accelfs", "cp-in", "--force"])
-            .arg(&img)
-            .arg(&src)
-            .arg(&name));
+        run_ok(
+            Command::new(iolift_bin())
+                .args(["accelfs", "cp-in", "--force"])
+                .arg(&img)
+                .arg(&src)
+                .arg(&name),
+        );
         complete.push((name, src));
     }
     let r = fsck(&img, true);
@@ -119,8 +110,8 @@ fn kill_during_copies_leaves_a_consistent_fs_with_synced_bytes() {
     let r = fsck(&img, false);
     assert!(!r.contains("leaked"), "leaks left after --repair:\n{r}");
     assert!(r.contains("5 files"), "{r}");
-    let ls = ok(iolift().args(["accelfs", "ls"]).arg(&img));
-    let ls = String::from_utf8(ls.stdout).unwrap();
+    let ls = run_ok(Command::new(iolift_bin()).args(["accelfs", "ls"]).arg(&img));
+    let ls = ls.stdout;
     for i in 0..5 {
         assert!(ls.contains(&format!("{} f{i}\n", 20 << 20)), "ls:\n{ls}");
     }
@@ -131,24 +122,27 @@ fn bad_images_and_arguments_are_clear_errors() {
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("fs.img");
     std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
-    let o = iolift().args(["accelfs", "ls"]).arg(&img).output().unwrap();
+    let o = run_fail(Command::new(iolift_bin()).args(["accelfs", "ls"]).arg(&img));
     assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("bad magic"), "{e}");
-    let o = iolift()
-        .args(["accelfs", "mkfs", "--block-size", "3K", "--size", "8M"])
-        .arg(&img)
-        .output()
-        .unwrap();
+    assert!(o.stderr.contains("bad magic"), "{}", o.report());
+    let o = run_fail(
+        Command::new(iolift_bin())
+            .args(["accelfs", "mkfs", "--block-size", "3K", "--size", "8M"])
+            .arg(&img),
+    );
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("power of two"));
-    ok(iolift().args(["accelfs", "mkfs", "--size", "8M"]).arg(&img));
-    let o = iolift()
-        .args(["accelfs", "cp-out"])
-        .arg(&img)
-        .args(["/nope", "-"])
-        .output()
-        .unwrap();
+    assert!(o.stderr.contains("power of two"), "{}", o.report());
+    run_ok(
+        Command::new(iolift_bin())
+            .args(["accelfs", "mkfs", "--size", "8M"])
+            .arg(&img),
+    );
+    let o = run_fail(
+        Command::new(iolift_bin())
+            .args(["accelfs", "cp-out"])
+            .arg(&img)
+            .args(["/nope", "-"]),
+    );
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no such file"));
+    assert!(o.stderr.contains("no such file"), "{}", o.report());
 }

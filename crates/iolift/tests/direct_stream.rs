@@ -3,23 +3,10 @@
 //! `wc -l` and `grep -c '^>'` on the same file; bad arguments give one
 //! error line.
 
+mod common;
+use common::*;
 use std::path::Path;
 use std::process::Command;
-
-fn iolift() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_iolift"))
-}
-
-fn ok(c: &mut Command) -> String {
-    let o = c.output().unwrap();
-    assert!(
-        o.status.success(),
-        "{c:?} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
 
 /// `records R lines L bytes B ...` -> (R, L, B).
 fn counts(out: &str) -> (u64, u64, u64) {
@@ -35,9 +22,17 @@ fn counts(out: &str) -> (u64, u64, u64) {
 }
 
 fn tool_count(f: &Path) -> (u64, u64, u64) {
-    let n = |c: &mut Command| -> u64 { ok(c).split_whitespace().next().unwrap().parse().unwrap() };
-    let records = n(Command::new("grep").arg("-c").arg("^>").arg(f));
-    let lines = n(Command::new("wc").arg("-l").arg(f));
+    let n = |c: &mut Command| -> u64 {
+        run_ok(c)
+            .stdout
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let records = n(cmd("grep").arg("-c").arg("^>").arg(f));
+    let lines = n(cmd("wc").arg("-l").arg(f));
     (records, lines, std::fs::metadata(f).unwrap().len())
 }
 
@@ -45,9 +40,14 @@ fn tool_count(f: &Path) -> (u64, u64, u64) {
 fn stream_counts_agree_with_wc_and_grep() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("genome.fa");
-    let wrote = counts(&ok(iolift()
-        .args(["accelfs", "gen-fasta", "--size", "12M", "--seed", "4"])
-        .arg(&f)));
+    let wrote = counts(
+        &run_ok(
+            Command::new(iolift_bin())
+                .args(["accelfs", "gen-fasta", "--size", "12M", "--seed", "4"])
+                .arg(&f),
+        )
+        .stdout,
+    );
     let want = tool_count(&f);
     assert_eq!(wrote, want);
     assert!(want.0 > 500, "{want:?}");
@@ -59,7 +59,13 @@ fn stream_counts_agree_with_wc_and_grep() {
         vec!["--io", "uring", "--sqpoll", "--chunk", "1M"],
         vec!["--io", "read"],
     ] {
-        let out = ok(iolift().args(["accelfs", "stream"]).args(&args).arg(&f));
+        let out = run_ok(
+            Command::new(iolift_bin())
+                .args(["accelfs", "stream"])
+                .args(&args)
+                .arg(&f),
+        )
+        .stdout;
         assert_eq!(counts(&out), want, "{args:?}: {out}");
         assert!(out.contains("GB/s"), "{out}");
     }
@@ -76,14 +82,13 @@ fn stream_bad_arguments() {
         (vec!["stream", "--depth", "0", "/etc/hostname"], "depth"),
         (vec!["stream", "/nonexistent/x.fa"], "/nonexistent/x.fa"),
     ] {
-        let o = iolift()
-            .arg("accelfs")
-            .args(&args)
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        assert!(!o.status.success(), "{args:?}");
-        let e = String::from_utf8(o.stderr).unwrap();
+        let o = run_fail(
+            Command::new(iolift_bin())
+                .arg("accelfs")
+                .args(&args)
+                .current_dir(dir.path()),
+        );
+        let e = &o.stderr;
         assert!(e.contains(what) && e.lines().count() == 1, "{args:?}: {e}");
     }
 }

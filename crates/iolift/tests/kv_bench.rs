@@ -4,39 +4,36 @@
 //! fsck finds no error and every write reported synced is there with its
 //! value; the same on a loop device; bad input gives one error line.
 
-use iolift_testkit::{require_root, Loop, Rng};
+mod common;
+use common::*;
+use iolift_testkit::Loop;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn iolift() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_iolift"))
-}
-
-fn ok(c: &mut Command) -> String {
-    let o = c.output().unwrap();
-    assert!(
-        o.status.success(),
-        "{c:?} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+/// Runs a command that must fail ([`run_fail`]); its error: no panic,
+/// one line.
+fn error_line(c: &mut Command) -> String {
+    let o = run_fail(c);
+    assert!(!o.stderr.contains("panicked"), "{}", o.report());
+    assert_eq!(
+        o.stderr.lines().count(),
+        1,
+        "one error line: {}",
+        o.report()
     );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn fails(c: &mut Command) -> String {
-    let o: Output = c.output().unwrap();
-    assert!(!o.status.success(), "{c:?} should fail");
-    let err = String::from_utf8(o.stderr).unwrap();
-    assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(err.lines().count(), 1, "one error line: {err}");
-    err
+    o.stderr
 }
 
 /// `KEY -> VALUE-HEX` of `iolift kv dump`.
 fn dump(img: &Path) -> HashMap<String, String> {
-    let out = ok(iolift().args(["kv", "dump", "--image"]).arg(img));
+    let out = run_ok(
+        Command::new(iolift_bin())
+            .args(["kv", "dump", "--image"])
+            .arg(img),
+    )
+    .stdout;
     out.lines()
         .map(|l| {
             let (k, v) = l.split_once(' ').unwrap();
@@ -46,8 +43,13 @@ fn dump(img: &Path) -> HashMap<String, String> {
         .collect()
 }
 
-fn fsck_clean(img: &Path) {
-    let out = ok(iolift().args(["accelfs", "fsck"]).arg(img));
+fn accelfs_fsck_clean(img: &Path) {
+    let out = run_ok(
+        Command::new(iolift_bin())
+            .args(["accelfs", "fsck"])
+            .arg(img),
+    )
+    .stdout;
     assert!(
         !out.contains("error:") && out.contains(", 0 errors"),
         "{out}"
@@ -55,11 +57,11 @@ fn fsck_clean(img: &Path) {
 }
 
 fn verified_run(img: &Path) {
-    let out = ok(iolift()
+    let out = run_ok(Command::new(iolift_bin())
         .args(["kv", "bench", "--mkfs", "256M", "--num", "4000", "--fsck"])
         .args(["--write_buffer_size", "65536", "--image"])
         .arg(img)
-        .arg("--benchmarks=fillseq,verify,fillrandom,overwrite,verify,readseq,readrandom,fillsync,verify"));
+        .arg("--benchmarks=fillseq,verify,fillrandom,overwrite,verify,readseq,readrandom,fillsync,verify")).stdout;
     let lines: Vec<&str> = out.lines().filter(|l| l.contains(" : ")).collect();
     assert_eq!(lines.len(), 9, "{out}");
     for l in &lines {
@@ -83,7 +85,7 @@ fn verified_run(img: &Path) {
     // fillsync left num/1000 keys: dump and fsck agree.
     let d = dump(img);
     assert_eq!(d.len(), 4, "{out}");
-    fsck_clean(img);
+    accelfs_fsck_clean(img);
 }
 
 #[test]
@@ -92,23 +94,26 @@ fn db_bench_runs_are_verified_and_dump_agrees() {
     let img = dir.path().join("kv.img");
     verified_run(&img);
     // readseq counts what dump prints.
-    let out = ok(iolift()
-        .args([
-            "kv",
-            "bench",
-            "--num",
-            "4000",
-            "--use_existing_db=1",
-            "--image",
-        ])
-        .arg(&img)
-        .arg("--benchmarks=fillrandom,readseq"));
+    let out = run_ok(
+        Command::new(iolift_bin())
+            .args([
+                "kv",
+                "bench",
+                "--num",
+                "4000",
+                "--use_existing_db=1",
+                "--image",
+            ])
+            .arg(&img)
+            .arg("--benchmarks=fillrandom,readseq"),
+    )
+    .stdout;
     let readseq = out.lines().find(|l| l.starts_with("readseq")).unwrap();
     let d = dump(&img);
     assert!(d.len() > 2000, "{}", d.len());
     // readseq's MB/s covers (16 + 100) bytes per entry it read.
     assert!(readseq.contains("MB/s"), "{readseq}");
-    fsck_clean(&img);
+    accelfs_fsck_clean(&img);
 }
 
 #[test]
@@ -127,7 +132,7 @@ fn db_bench_runs_on_a_loop_device() {
 /// Runs a synced fill, kills it after `kill_after` synced writes, then
 /// checks fsck and that every reported write is there.
 fn kill_during(img: &Path, args: &[&str], kill_after: usize) {
-    let mut child = iolift()
+    let mut child = Command::new(iolift_bin())
         .args(["kv", "bench", "--print_synced", "--image"])
         .arg(img)
         .args(args)
@@ -153,12 +158,12 @@ fn kill_during(img: &Path, args: &[&str], kill_after: usize) {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
-    fsck_clean(img);
+    accelfs_fsck_clean(img);
     let d = dump(img);
     for (k, v) in &synced {
         assert_eq!(d.get(k), Some(v), "synced key {k} after kill -9");
     }
-    fsck_clean(img);
+    accelfs_fsck_clean(img);
 }
 
 #[test]
@@ -166,9 +171,11 @@ fn kill_9_keeps_every_synced_write() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("kv.img");
     let mut rng = Rng::new(17);
-    ok(iolift()
-        .args(["accelfs", "mkfs", "--size", "256M"])
-        .arg(&img));
+    run_ok(
+        Command::new(iolift_bin())
+            .args(["accelfs", "mkfs", "--size", "256M"])
+            .arg(&img),
+    );
     // Sequential keys, every write synced; later rounds append to the
     // same database (and recover its log first).
     for round in 0..3 {
@@ -195,28 +202,32 @@ fn kill_9_keeps_every_synced_write() {
 fn bad_input_is_one_error_line() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("kv.img");
-    let e = fails(
-        iolift()
+    let e = error_line(
+        Command::new(iolift_bin())
             .args(["kv", "bench", "--benchmarks=fillseq,nosuch", "--image"])
             .arg(&img),
     );
     assert!(e.contains("--benchmarks") && e.contains("nosuch"), "{e}");
-    let e = fails(
-        iolift()
+    let e = error_line(
+        Command::new(iolift_bin())
             .args(["kv", "bench", "--value_size", "0", "--image"])
             .arg(&img),
     );
     assert!(e.contains("--value_size"), "{e}");
-    let e = fails(iolift().args(["kv", "bench", "--num", "10"]));
+    let e = error_line(Command::new(iolift_bin()).args(["kv", "bench", "--num", "10"]));
     assert!(e.contains("--image"), "{e}");
     // Not an AccelFS image.
     iolift_testkit::write_random_file(&img, 1 << 20, 5);
-    let e = fails(
-        iolift()
+    let e = error_line(
+        Command::new(iolift_bin())
             .args(["kv", "bench", "--num", "10", "--image"])
             .arg(&img),
     );
     assert!(e.contains("superblock"), "{e}");
-    let e = fails(iolift().args(["kv", "dump", "--image"]).arg(&img));
+    let e = error_line(
+        Command::new(iolift_bin())
+            .args(["kv", "dump", "--image"])
+            .arg(&img),
+    );
     assert!(e.contains("superblock"), "{e}");
 }
