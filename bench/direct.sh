@@ -9,6 +9,7 @@
 #   DIRECT=1 bench/direct.sh               # both engines with O_DIRECT
 #   EXTRA=,sqpoll bench/direct.sh          # options added to the uring side
 #   PROFILE=debug bench/direct.sh          # use the debug build (no release build)
+#   IOLIFT=path/to/iolift bench/direct.sh  # that binary, no build
 #   KEEP=1 bench/direct.sh                 # keep the fio JSON files
 #   FIG=5 bench/direct.sh                  # request latency, engine / POSIX / AccelFS / ext4 (below)
 #   FIG=7 STREAM_SIZE=2G bench/direct.sh   # the streaming application instead (below)
@@ -30,7 +31,8 @@ SIZE=${SIZE:-1G}
 THREADS=${THREADS:-2}
 PROFILE=${PROFILE:-release}
 TARGET=${CARGO_TARGET_DIR:-target}
-IOLIFT=$TARGET/$PROFILE/iolift
+BUILD=1; [[ -n ${IOLIFT:-} ]] && BUILD=
+IOLIFT=${IOLIFT:-$TARGET/$PROFILE/iolift}
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
 OPTS=""; [[ -n ${DIRECT:-} && ${DIRECT} != 0 ]] && OPTS=",direct"
 
@@ -39,7 +41,9 @@ if [[ -z ${FIG:-} ]]; then
     fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
 fi
 
-if [[ $PROFILE == release ]]; then
+if [[ -z $BUILD ]]; then
+    echo "== using $IOLIFT" >&2
+elif [[ $PROFILE == release ]]; then
     echo "== building iolift (release)" >&2
     cargo build --release -p iolift >&2
 else
@@ -111,7 +115,8 @@ cells = {}
 for line in open(sys.argv[1]):
     w = line.split()
     d = dict(zip(w[3::2], w[4::2]))
-    cells.setdefault((w[0], w[1], w[2]), []).append((float(d["p50_us"]), float(d["mean_us"])))
+    cells.setdefault((w[0], w[1], w[2]), []).append(
+        (float(d["p50_us"]), float(d["mean_us"]), float(d.get("cpu_us", "nan"))))
 med = lambda p, op, bs, k: statistics.median(x[k] for x in cells[p, op, bs])
 print("p50 / mean latency in us, medians over repeats")
 print(f"{'op':<11} {'size':>5} {'uring':>15} {'posix':>15} {'uring/posix':>12} {'accelfs':>15} {'ext4':>15} {'accelfs/ext4':>13}")
@@ -124,6 +129,20 @@ for op, bs in seen:
     f = lambda p: f"{v[p][0]:.1f}/{v[p][1]:.1f}"
     print(f"{op:<11} {bs:>5} {f('uring'):>15} {f('posix'):>15} {v['uring'][0] / v['posix'][0]:>11.2f}x"
           f" {f('accelfs'):>15} {f('ext4'):>15} {v['accelfs'][0] / v['ext4'][0]:>12.2f}x")
+print()
+print("CPU time per request in us (user + system, all threads), medians over repeats")
+print(f"{'op':<11} {'size':>5} {'uring':>9} {'posix':>9} {'uring/posix':>12} {'accelfs':>9} {'ext4':>9}")
+for op, bs in seen:
+    c = {p: med(p, op, bs, 2) for p in ["uring", "posix", "accelfs", "ext4"]}
+    print(f"{op:<11} {bs:>5} {c['uring']:>9.2f} {c['posix']:>9.2f} {c['uring'] / c['posix']:>11.2f}x"
+          f" {c['accelfs']:>9.2f} {c['ext4']:>9.2f}")
+print()
+for op in ["read", "write"]:
+    if (op, "4K") not in seen:
+        continue
+    r = med("uring", op, "4K", 0) / med("posix", op, "4K", 0)
+    print(f"target: engine QD1 4K {op} p50 <= 0.8x pread/pwrite (O_DIRECT, same file): "
+          f"{r:.2f}x {'met' if r <= 0.8 else 'not met'}")
 PY
     exit 0
 fi

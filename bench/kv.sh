@@ -16,7 +16,7 @@
 # every repeat), medians of R, ratios, peak RSS. Not a test: see
 # docs/kv.md; numbers go to docs/measurements/kv.md.
 #
-#   bench/kv.sh                         # R=3, NUM=100000, values 100 and 1024 B
+#   bench/kv.sh                         # R=3, NUM=50000, values 100 and 1024 B
 #   R=5 NUM=200000 VALUES="100" bench/kv.sh
 #   PROFILE=debug bench/kv.sh           # the debug build (no release build)
 #   SYSTEMS="accelfs posix-fsync" bench/kv.sh
@@ -31,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 R=${R:-3}
-NUM=${NUM:-100000}
+NUM=${NUM:-50000}
 VALUES=${VALUES:-"100 1024"}
 SIZE=${SIZE:-1G}
 PROFILE=${PROFILE:-release}
@@ -148,4 +148,25 @@ for v in values:
 for s in systems:
     xs = rss.get(s, [])
     print(f"peak RSS {s:<12} median {med(xs):7.1f} MiB (per run: {', '.join(f'{x:.1f}' for x in xs)})")
+print()
+# The issue's target: our KV >= 1.2x the same engine on its POSIX
+# environment on ext4, on every workload. posix-fsync syncs as AccelFS's
+# hard sync does; posix syncs nothing, so its fillsync is left out.
+for a in ours:
+    for o in [x for x in ("posix-fsync", "posix") if x in systems]:
+        rs = []
+        for v in values:
+            for b in benches:
+                if o == "posix" and b == "fillsync":
+                    continue
+                x, y = micros.get((o, v, b)), micros.get((a, v, b))
+                if x and y:
+                    rs.append((med(x) / med(y), b, v))
+        if not rs:
+            continue
+        worst = min(rs)
+        note = " (fillsync left out: posix does not sync)" if o == "posix" else ""
+        print(f"target: {a} >= 1.2x {o} on every workload{note}: "
+              f"{'met' if worst[0] >= 1.2 else 'not met'} "
+              f"({sum(r >= 1.2 for r, _, _ in rs)} of {len(rs)} cells; lowest {worst[0]:.2f}x, {worst[1]} {worst[2]} B)")
 EOF
