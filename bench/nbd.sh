@@ -2,8 +2,8 @@
 # NBD benchmark: iolift (memory backend) vs `nbdkit memory`, same fio jobs,
 # same run, alternating servers, medians + ratios. Not a test: see docs/testing.md.
 #
-#   bench/nbd.sh                 # 3 repeats, 10 s per job
-#   R=5 RUNTIME=5 bench/nbd.sh   # more repeats, shorter jobs
+#   bench/nbd.sh                 # 3 repeats, 4 s per job (about 5 minutes)
+#   R=5 RUNTIME=10 bench/nbd.sh  # more repeats, longer jobs
 #   KEEP=1 bench/nbd.sh          # keep the fio JSON files (path printed)
 #   BUSY=1 bench/nbd.sh          # the same under a fixed competing load
 #                                # (stress-ng --cpu <cores>, see bench/lib.sh)
@@ -38,7 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 R=${R:-3}
-RUNTIME=${RUNTIME:-10}
+RUNTIME=${RUNTIME:-4}
 SIZE=${SIZE:-1G}
 THREADS=${THREADS:-2}
 TARGET=${CARGO_TARGET_DIR:-target}
