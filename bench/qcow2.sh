@@ -1,35 +1,43 @@
 #!/usr/bin/env bash
-# qcow2 4 KiB random reads, side by side in one run, alternating:
-#   qemu     qemu-nbd serving the qcow2 image (the peer)
+# qcow2 4 KiB random I/O over NBD, side by side in one run, alternating
+# servers each repeat, every server with O_DIRECT (DIRECT=1, default):
+#   qemu     qemu-nbd --cache=none --aio=native on the qcow2 image (the peer)
 #   cp       iolift qcow2:IMG,cache=0: every request under the control plane
 #   miss     iolift qcow2:IMG,cache=16,paths=1: the fast path, nearly always missing
-#   hit      iolift qcow2:IMG,cache=ENTRIES,paths=1 after a sequential warm-up
-#            read: every mapping cached
-#   raw      iolift file:RAW: the same bytes as a raw file (the limit)
-# Latency avg/p50/p90/p99/p99.9/p99.99 and IOPS per queue depth (fio
-# ioengine=nbd, one connection; and 4 connections at QD8), medians over
-# R repeats, ratios against qemu-nbd and hit/raw, peak RSS per server.
-# Not a test: see docs/qcow2.md.
+#   hit      iolift qcow2:IMG,cache=ENTRIES,paths=1 after a warm-up read:
+#            every mapping in one cache shared by the workers
+#   hitw     iolift qcow2:IMG,cache=ENTRIES,paths=4: one cache per worker
+#            (the default placement), warmed the same way
+#   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit)
+# Sections:
+#   main     1 GiB image, 64 KiB clusters: QD 1..128 (QDS), and 4
+#            connections at QD 8
+#   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
+#            than qemu's default L2 cache covers (1 MiB): qemu, cp, hit,
+#            hitw at QD 1 and 32 and 4 connections at QD 8
+#   write    (WRITES=1) 4 KiB random writes in place on the fully
+#            allocated 64 KiB-cluster image: qemu against iolift (hitw)
+# Latency avg/p50/p90/p99/p99.9/p99.99 and IOPS, medians over R repeats,
+# ratios against qemu-nbd, the hit ratio iolift's control socket
+# reported, peak RSS, and the targets as met / not met. Not a test: see
+# docs/qcow2.md.
 #
-#   bench/qcow2.sh                          # 3 repeats, 5 s per job, 1 GiB, 64 KiB clusters
-#   R=5 RUNTIME=10 SIZE=4G bench/qcow2.sh
-#   CLUSTER=4k bench/qcow2.sh               # many more L2 entries than qemu caches by default
-#   PROFILE=debug bench/qcow2.sh            # use the debug build
-#   KEEP=1 bench/qcow2.sh                   # keep the fio JSON files
-#   BUILD=0 bench/qcow2.sh                  # use the binary already built
-#
-# All servers read through the page cache (qemu-nbd's default
-# cache=writeback; iolift's qcow2 backend has no O_DIRECT yet), and the
-# image is written once before the first repeat, so this compares the
-# software paths, not the disk.
+#   bench/qcow2.sh                       # R=3, 2 s per job: about 5 minutes
+#   R=5 RUNTIME=5 SIZE=4G bench/qcow2.sh
+#   DIRECT=0 bench/qcow2.sh              # through the page cache instead
+#   SMALL=0 WRITES=0 bench/qcow2.sh      # the main section only
+#   BUILD=0 bench/qcow2.sh               # use the binary already built
+#   KEEP=1 bench/qcow2.sh                # keep the fio JSON files
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 R=${R:-3}
-RUNTIME=${RUNTIME:-5}
+RUNTIME=${RUNTIME:-2}
 SIZE=${SIZE:-1G}
-CLUSTER=${CLUSTER:-64k}
-QDS=${QDS:-"1 8 32"}
+QDS=${QDS:-"1 8 32 128"}
+DIRECT=${DIRECT:-1}
+SMALL=${SMALL:-1}
+WRITES=${WRITES:-1}
 PROFILE=${PROFILE:-release}
 TARGET=${CARGO_TARGET_DIR:-target}
 IOLIFT=$TARGET/$PROFILE/iolift
@@ -42,84 +50,122 @@ fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; ex
 if [[ ${BUILD:-1} == 0 ]]; then
     [[ -x $IOLIFT ]] || { echo "BUILD=0 but no $IOLIFT" >&2; exit 1; }
 elif [[ $PROFILE == release ]]; then
-    cargo build --release -p iolift --bin iolift >&2
+    cargo build --release -p iolift >&2
 else
-    cargo build -p iolift --bin iolift >&2
+    cargo build -p iolift >&2
 fi
 
 WORK=$(mktemp -d /var/tmp/iolift-qcow2-bench.XXXXXX)
 . bench/lib.sh
-RAW=$WORK/disk.raw
-IMG=$WORK/disk.qcow2
+SERVER_PID=
 cleanup() {
     if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
-    rm -f "$RAW" "$IMG"
+    rm -f "$WORK"/*.raw "$WORK"/*.qcow2
     if [[ -z ${KEEP:-} ]]; then rm -rf "$WORK"; else echo "results kept in $WORK" >&2; fi
 }
 trap cleanup EXIT
 
-CLUSTER_BYTES=$(numfmt --from=iec "${CLUSTER^^}")
 SIZE_BYTES=$(numfmt --from=iec "${SIZE^^}")
-ENTRIES=$(( SIZE_BYTES / CLUSTER_BYTES + 1024 ))
+RAW=$WORK/disk.raw
+if [[ $DIRECT == 1 ]]; then
+    QCACHE="--cache=none --aio=native"; IDIR=",direct"
+else
+    QCACHE=""; IDIR=""
+fi
 
-start_server() { # name socket
-    rm -f "$2"
-    case $1 in
-        qemu) qemu-nbd -f qcow2 -r -k "$2" --persistent --shared=8 "$IMG" 2>"$WORK/$1.log" & ;;
-        cp)   "$IOLIFT" serve --socket "$2" "qcow2:$IMG,cache=0,ro" 2>"$WORK/$1.log" & ;;
-        miss) "$IOLIFT" serve --socket "$2" "qcow2:$IMG,cache=16,paths=1,ro" 2>"$WORK/$1.log" & ;;
-        hit)  "$IOLIFT" serve --socket "$2" "qcow2:$IMG,cache=$ENTRIES,paths=1,ro" 2>"$WORK/$1.log" & ;;
-        raw)  "$IOLIFT" serve --socket "$2" "file:$RAW,ro" 2>"$WORK/$1.log" & ;;
+start_server() { # name socket image entries readonly(1/0)
+    local s=$1 sock=$2 img=$3 n=$4 ro=$5 qro="" iro=""
+    rm -f "$sock" "$sock.ctl"
+    [[ $ro == 1 ]] && { qro="-r"; iro=",ro"; }
+    local q="qcow2:$img$IDIR$iro,control=$sock.ctl"
+    case $s in
+        qemu) qemu-nbd -f qcow2 $qro $QCACHE -k "$sock" --persistent --shared=8 "$img" 2>"$WORK/$s.log" & ;;
+        cp)   "$IOLIFT" serve --socket "$sock" "$q,cache=0" 2>"$WORK/$s.log" & ;;
+        miss) "$IOLIFT" serve --socket "$sock" "$q,cache=16,paths=1" 2>"$WORK/$s.log" & ;;
+        hit)  "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=1" 2>"$WORK/$s.log" & ;;
+        hitw) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4" 2>"$WORK/$s.log" & ;;
+        raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
     esac
     SERVER_PID=$!
-    wait_socket "$1" "$2"
+    wait_socket "$s" "$sock"
 }
 
-fio_job() { # uri name qd jobs out
-    fio --name="$2" --ioengine=nbd --uri="$1" --rw=randread --bs=4k --iodepth="$3" \
-        --numjobs="$4" --group_reporting --size="$SIZE" --time_based --runtime="$RUNTIME" \
+fio_job() { # uri name rw qd jobs out
+    fio --name="$2" --ioengine=nbd --uri="$1" --rw="$3" --bs=4k --iodepth="$4" \
+        --numjobs="$5" --group_reporting --size="$SIZE" --time_based --runtime="$RUNTIME" \
         --norandommap --randrepeat=0 \
-        --percentile_list=50:90:99:99.9:99.99 --output-format=json >"$5"
+        --percentile_list=50:90:99:99.9:99.99 --output-format=json >"$6"
 }
 
-SERVERS="qemu cp miss hit raw"
-run_one() { # server rep
-    local s=$1 rep=$2 sock=$WORK/$1.sock
-    start_server "$s" "$sock"
+# run_one SECTION SERVER REP IMAGE ENTRIES RW JOBS...: one server, its jobs
+# (qdN: one connection at QD N; qdNxC: C connections at QD N)
+run_one() {
+    local sec=$1 s=$2 rep=$3 img=$4 n=$5 rw=$6; shift 6
+    local sock=$WORK/$s.sock ro=1
+    [[ $rw == randwrite ]] && ro=0
+    start_server "$s" "$sock" "$img" "$n" "$ro"
     local uri="nbd+unix:///?socket=$sock"
-    if [[ $s == hit ]]; then
+    if [[ $s == hit || $s == hitw ]]; then
+        # warm-up: a sequential read of the whole image (hitw: from 4
+        # connections at once, so more of the workers' caches see each
+        # cluster; the hit ratio printed says how well that worked)
+        local nj=1; [[ $s == hitw ]] && nj=4
         fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 \
-            --size="$SIZE" --output-format=json >/dev/null
+            --numjobs=$nj --size="$SIZE" --output-format=json >/dev/null
     fi
-    for qd in $QDS; do
-        fio_job "$uri" "qd$qd" "$qd" 1 "$WORK/${s}_${rep}_qd$qd.json"
+    if [[ $s != qemu && $s != raw ]]; then
+        "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats0"
+    fi
+    for job in "$@"; do
+        local qd=${job#qd} c=1
+        [[ $qd == *x* ]] && { c=${qd#*x}; qd=${qd%x*}; }
+        fio_job "$uri" "$job" "$rw" "$qd" "$c" "$WORK/${sec}_${s}_${rep}_$job.json"
     done
-    fio_job "$uri" "qd8x4" 8 4 "$WORK/${s}_${rep}_qd8x4.json"
-    peak_kib "$SERVER_PID" >"$WORK/${s}_${rep}.rss"
+    if [[ $s != qemu && $s != raw ]]; then
+        "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats"
+    fi
+    peak_kib "$SERVER_PID" >"$WORK/${sec}_${s}_${rep}.rss"
     stop_server
-    echo "   $s rep $rep done" >&2
 }
 
-echo "== $R repeats, ${RUNTIME}s per job, image $SIZE with $CLUSTER clusters, $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+section() { # name image entries rw "servers" jobs...
+    local sec=$1 img=$2 n=$3 rw=$4 servers=$5; shift 5
+    echo "== section $sec: $servers; $*; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    for rep in $(seq 1 "$R"); do
+        local order=$servers
+        (( rep % 2 )) || order=$(echo "$servers" | tr ' ' '\n' | tac | tr '\n' ' ')
+        for s in $order; do run_one "$sec" "$s" "$rep" "$img" "$n" "$rw" "$@"; done
+        echo "   $sec rep $rep done" >&2
+    done
+    echo "$sec|$rw|$servers|$*" >>"$WORK/sections"
+}
+
+echo "== $R repeats, ${RUNTIME}s per job, image $SIZE, DIRECT=$DIRECT, $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 head -c "$SIZE_BYTES" /dev/urandom >"$RAW"
-qemu-img convert -f raw -O qcow2 -o "cluster_size=$CLUSTER_BYTES" "$RAW" "$IMG"
-for rep in $(seq 1 "$R"); do
-    order=$SERVERS
-    (( rep % 2 )) || order=$(echo "$SERVERS" | tr ' ' '\n' | tac | tr '\n' ' ')
-    for s in $order; do run_one "$s" "$rep"; done
-done
+IMG=$WORK/disk64k.qcow2
+qemu-img convert -f raw -O qcow2 -o cluster_size=65536 "$RAW" "$IMG"
+MAIN_JOBS=""; for q in $QDS; do MAIN_JOBS+=" qd$q"; done
+section main "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu cp miss hit hitw raw" $MAIN_JOBS qd8x4
+if [[ $SMALL == 1 ]]; then
+    IMG4=$WORK/disk4k.qcow2
+    qemu-img convert -f raw -O qcow2 -o cluster_size=4096 "$RAW" "$IMG4"
+    section small "$IMG4" $(( SIZE_BYTES / 4096 + 1024 )) randread "qemu cp hit hitw" qd1 qd32 qd8x4
+    rm -f "$IMG4"
+fi
+if [[ $WRITES == 1 ]]; then
+    section write "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randwrite "qemu hitw" qd1 qd32
+fi
 echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-"$PY" - "$WORK" "$R" "$SERVERS" "$QDS" <<'PY'
-import json, statistics, sys
-work, reps, servers, qds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
-jobs = [f"qd{q}" for q in qds] + ["qd8x4"]
+"$PY" - "$WORK" "$R" <<'PY'
+import json, statistics, sys, os
+work, reps = sys.argv[1], int(sys.argv[2])
 keys = [("iops", "IOPS"), ("avg", "avg us"), ("50", "p50 us"), ("90", "p90 us"),
         ("99", "p99 us"), ("99.9", "p99.9 us"), ("99.99", "p99.99 us")]
 
-def one(s, rep, job):
-    text = open(f"{work}/{s}_{rep}_{job}.json").read()
-    r = json.loads(text[text.index("{"):])["jobs"][0]["read"]
+def one(sec, s, rep, job, rw):
+    text = open(f"{work}/{sec}_{s}_{rep}_{job}.json").read()
+    r = json.loads(text[text.index("{"):])["jobs"][0]["read" if rw == "randread" else "write"]
     pct = r["clat_ns"].get("percentile", {})
     out = {"iops": r["iops"], "avg": r["clat_ns"]["mean"] / 1000}
     for k in ["50", "90", "99", "99.9", "99.99"]:
@@ -127,23 +173,75 @@ def one(s, rep, job):
         out[k] = v[0] / 1000 if v else 0
     return out
 
+def counters(p):
+    out = {}
+    for line in open(p):
+        k, _, v = line.partition(" ")
+        if k in ("cache_hits", "cache_misses"):
+            out[k] = int(v)
+    return out
+
+def hit_ratio(sec, s):
+    # hits / lookups during the measured jobs (after the warm-up)
+    vals = []
+    for r in range(1, reps + 1):
+        p = f"{work}/{sec}_{s}_{r}.stats"
+        if os.path.exists(p) and os.path.exists(p + "0"):
+            a, b = counters(p + "0"), counters(p)
+            h = b.get("cache_hits", 0) - a.get("cache_hits", 0)
+            m = b.get("cache_misses", 0) - a.get("cache_misses", 0)
+            vals.append(h / (h + m) if h + m else 0.0)
+    return statistics.median(vals) if vals else None
+
+targets = []
 med = {}
-for s in servers:
+for line in open(f"{work}/sections"):
+    sec, rw, servers, jobs = line.strip().split("|")
+    servers, jobs = servers.split(), jobs.split()
+    for s in servers:
+        for j in jobs:
+            rs = [one(sec, s, r, j, rw) for r in range(1, reps + 1)]
+            med[sec, s, j] = {k: statistics.median(x[k] for x in rs) for k, _ in keys}
     for j in jobs:
-        rs = [one(s, r, j) for r in range(1, reps + 1)]
-        med[s, j] = {k: statistics.median(x[k] for x in rs) for k, _ in keys}
-for j in jobs:
-    print(f"\n{j} (medians of {reps})")
-    print(f"{'metric':<10}" + "".join(f"{s:>10}" for s in servers)
-          + "".join(f"{s + '/qemu':>11}" for s in servers[1:]) + f"{'hit/raw':>9}")
-    for k, label in keys:
-        row = [med[s, j][k] for s in servers]
-        q = row[0]
-        ratios = "".join(f"{(x / q if q else 0):>10.2f}x" for x in row[1:])
-        hr = med["hit", j][k] / med["raw", j][k] if med["raw", j][k] else 0
-        print(f"{label:<10}" + "".join(f"{x:>10.1f}" for x in row) + ratios + f"{hr:>8.2f}x")
-print()
-for s in servers:
-    rss = [int(open(f"{work}/{s}_{r}.rss").read()) for r in range(1, reps + 1)]
-    print(f"peak RSS {s:<5} median {statistics.median(rss) / 1024:.1f} MiB (per repeat: {', '.join(f'{x / 1024:.1f}' for x in rss)})")
+        print(f"\n[{sec}] {rw} {j} (medians of {reps})")
+        print(f"{'metric':<10}" + "".join(f"{s:>10}" for s in servers)
+              + "".join(f"{s + '/qemu':>11}" for s in servers[1:]))
+        for k, label in keys:
+            row = [med[sec, s, j][k] for s in servers]
+            q = row[0]
+            ratios = "".join(f"{(x / q if q else 0):>10.2f}x" for x in row[1:])
+            print(f"{label:<10}" + "".join(f"{x:>10.1f}" for x in row) + ratios)
+    print()
+    for s in servers:
+        rss = [int(open(f"{work}/{sec}_{s}_{r}.rss").read()) for r in range(1, reps + 1)]
+        hr = hit_ratio(sec, s)
+        hrs = f", hit ratio in the jobs {hr:.4f}" if hr is not None else ""
+        print(f"[{sec}] {s:<5} peak RSS median {statistics.median(rss) / 1024:.1f} MiB{hrs}")
+    M = lambda s, j, k: med[sec, s, j][k]
+    if sec in ("main", "small") and "hit" in servers:
+        for h in ("hit", "hitw"):
+            if h not in servers:
+                continue
+            for j in jobs:
+                r = M(h, j, "iops") / M("qemu", j, "iops")
+                targets.append((f"[{sec}] {h} IOPS >= 1.3x qemu-nbd at {j}", r >= 1.3, f"{r:.2f}x"))
+    if sec == "main":
+        j1 = "qd1"
+        if j1 in jobs:
+            for h in ("hit", "hitw"):
+                r = M(h, j1, "50") / M("raw", j1, "50")
+                targets.append((f"[main] {h} p50 <= 1.1x raw p50 at qd1", r <= 1.1, f"{r:.2f}x"))
+        for j in jobs:
+            r = M("miss", j, "iops") / M("cp", j, "iops")
+            targets.append((f"[main] miss IOPS no worse than control-plane-only at {j}", r >= 1.0, f"{r:.2f}x"))
+        if j1 in jobs:
+            r = M("miss", j1, "50") / M("cp", j1, "50")
+            targets.append((f"[main] miss p50 no worse than control-plane-only at qd1", r <= 1.0, f"{r:.2f}x"))
+    if sec == "write":
+        for j in jobs:
+            r = M("hitw", j, "iops") / M("qemu", j, "iops")
+            targets.append((f"[write] iolift write IOPS no slower than qemu-nbd at {j}", r >= 1.0, f"{r:.2f}x"))
+print("\ntargets:")
+for name, ok, val in targets:
+    print(f"  {'met    ' if ok else 'NOT MET'}  {name}: {val}")
 PY
