@@ -60,6 +60,17 @@ fn fio_verify_while_snapshots_discards_and_compaction_run() {
             .arg(&img),
     );
     let full = file_len(&img);
+    // a file that is not a socket is never replaced
+    let not_sock = b.dir().join("not.sock");
+    std::fs::write(&not_sock, b"keep").unwrap();
+    let o = run_fail(std::process::Command::new(iolift_bin()).args([
+        "serve",
+        "--socket",
+        &b.dir().join("x.sock").display().to_string(),
+        &format!("qcow2:{},control={}", img.display(), not_sock.display()),
+    ]));
+    assert!(o.all().contains("not a socket"), "{}", o.report());
+    assert_eq!(std::fs::read(&not_sock).unwrap(), b"keep");
     let sock = b.dir().join("ctl.sock");
     let mut srv = b
         .backend(&format!(
@@ -81,7 +92,10 @@ fn fio_verify_while_snapshots_discards_and_compaction_run() {
                     let off = (40 + i) << 20;
                     control(&sock, &["discard", &off.to_string(), "1048576"]);
                 }
-                control(&sock, &["cache", if i.is_multiple_of(2) { "1" } else { "2" }]);
+                control(
+                    &sock,
+                    &["cache", if i.is_multiple_of(2) { "1" } else { "2" }],
+                );
                 let out = control(&sock, &["compact"]);
                 assert!(out.contains("moved data="), "{out}");
                 control(&sock, &["snapshot", "delete", &format!("s{i}")]);

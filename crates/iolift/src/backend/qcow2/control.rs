@@ -43,9 +43,17 @@ pub struct ControlSocket {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Binds `path`; a stale socket file no one listens on is replaced.
+/// Binds `path`; a stale socket file no one listens on is replaced, any
+/// other file there is an error (never removed).
 fn bind(path: &Path) -> Result<UnixListener> {
-    if path.exists() {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!(
+                "control socket {}: a file that is not a socket is there",
+                path.display()
+            );
+        }
         if UnixStream::connect(path).is_ok() {
             bail!(
                 "control socket {}: in use by a running server",
