@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 
-use iolift::backend::ec::layout::{Found, Super};
+use iolift::backend::ec::layout::{Bitmap, Found, Super};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -387,6 +387,19 @@ fn kill9_during_writes_keeps_flushed_data_and_every_stripe_decodes() {
         srv.kill9();
         let _ = f.kill();
         let _ = f.wait();
+        // the unflushed updates left their regions dirty in the
+        // write-intent bitmap: the next open resyncs them
+        let p = dir.path().join("s0.img");
+        let sb = superblock(&p);
+        let mut b = vec![0u8; 4096];
+        let mut file = std::fs::File::open(&p).unwrap();
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(sb.geo.bitmap_off())).unwrap();
+        file.read_exact(&mut b).unwrap();
+        let bm = Bitmap::decode(&b, sb.uuid).expect("an intact bitmap on child 0");
+        assert!(
+            bm.bits.iter().any(|&w| w != 0),
+            "round {round}: no dirty region after the kill"
+        );
         // every stripe decodes, parity matches data
         let o = rebuild(&s, true);
         assert!(o.status.success(), "round {round}: {}", o.report());
