@@ -352,6 +352,18 @@ fn corrupt_chunk_is_caught_and_repaired() {
     );
 }
 
+/// Whether child 0's write-intent bitmap has a dirty region.
+fn dirty_regions(dir: &Path) -> bool {
+    let p = dir.join("s0.img");
+    let sb = superblock(&p);
+    let mut b = vec![0u8; 4096];
+    let mut file = std::fs::File::open(&p).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(sb.geo.bitmap_off())).unwrap();
+    file.read_exact(&mut b).unwrap();
+    let bm = Bitmap::decode(&b, sb.uuid).expect("an intact bitmap on child 0");
+    bm.bits.iter().any(|&w| w != 0)
+}
+
 #[test]
 fn kill9_during_writes_keeps_flushed_data_and_every_stripe_decodes() {
     let _g = heavy();
@@ -384,20 +396,20 @@ fn kill9_during_writes_keeps_flushed_data_and_every_stripe_decodes() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(1500 + 700 * round));
+        // kill once unflushed updates have left dirty regions in the
+        // write-intent bitmap (fio may start slowly on a busy machine)
+        for _ in 0..300 {
+            if dirty_regions(dir.path()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         srv.kill9();
         let _ = f.kill();
         let _ = f.wait();
-        // the unflushed updates left their regions dirty in the
-        // write-intent bitmap: the next open resyncs them
-        let p = dir.path().join("s0.img");
-        let sb = superblock(&p);
-        let mut b = vec![0u8; 4096];
-        let mut file = std::fs::File::open(&p).unwrap();
-        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(sb.geo.bitmap_off())).unwrap();
-        file.read_exact(&mut b).unwrap();
-        let bm = Bitmap::decode(&b, sb.uuid).expect("an intact bitmap on child 0");
+        // the next open resyncs the dirty regions
         assert!(
-            bm.bits.iter().any(|&w| w != 0),
+            dirty_regions(dir.path()),
             "round {round}: no dirty region after the kill"
         );
         // every stripe decodes, parity matches data
