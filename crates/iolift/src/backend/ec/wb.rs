@@ -10,7 +10,8 @@
 //! complete, when its pieces are too many, when the budget needs room
 //! (the oldest one goes), at a flush, after `IDLE` without new pieces, or
 //! before a read of it. The buffer holds the writes' own bytes (no copy);
-//! at most `wb` bytes of pieces are held.
+//! at most `wb` bytes of pieces are held, in at most `wb / stripe bytes`
+//! stripes.
 
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -81,7 +82,11 @@ impl Wb {
     pub fn put(&self, s: u64, pieces: &[Piece], chunk: u64, k: u64) -> Put {
         let add: u64 = pieces.iter().map(|p| p.2.len() as u64).sum();
         let mut st = self.st();
-        if st.bytes + add > self.budget {
+        // at most budget / stripe bytes stripes: scattered small writes
+        // must not pile up more deferred read-modify-writes than that
+        let most = (self.budget / (chunk * k)).max(1) as usize;
+        let new = !st.map.contains_key(&s);
+        if st.bytes + add > self.budget || (new && st.map.len() >= most) {
             let oldest = st
                 .map
                 .iter()
