@@ -151,9 +151,17 @@ fn metrics_report_each_poll_mode_per_connection() {
     if st[0] == "polling" {
         assert!(b >= 20.0, "{during}");
     }
+    // the CPU pressure the decision saw: a share, and a polling
+    // connection saw a quiet machine (at most 200 per mille)
+    let stall = samples(&during, "iolift_nbd_poll_cpu_stall_permille");
+    assert_eq!(stall.len(), 1, "{during}");
+    assert!((0.0..=1000.0).contains(&stall[0].1), "{during}");
+    if st[0] == "polling" {
+        assert!(stall[0].1 <= 200.0, "{during}");
+    }
 }
 
-/// With a CPU hog on every core (more runnable threads than cores), the
+/// With a CPU hog on every core (threads kept waiting for a CPU), the
 /// adaptive default backs off for the load and stays off while it lasts.
 #[test]
 fn adaptive_poll_backs_off_on_a_busy_machine() {
@@ -165,4 +173,8 @@ fn adaptive_poll_backs_off_on_a_busy_machine() {
     );
     assert_eq!(states_now(&during), ["backoff"], "{during}");
     assert_eq!(sum(&during, "iolift_nbd_poll_budget_us", "export"), 0.0);
+    assert!(
+        sum(&during, "iolift_nbd_poll_cpu_stall_permille", "export") > 200.0,
+        "{during}"
+    );
 }

@@ -4,7 +4,7 @@
 //! A pure state machine over what the caller observed, so that its
 //! decisions can be tested with made-up samples: [`Controller::admit`]
 //! takes the time, the connection's average wait for a request and whether
-//! the machine has more runnable threads than cores; [`Controller::observe`]
+//! threads are kept waiting for a CPU (`sysload::LoadSampler::busy`); [`Controller::observe`]
 //! takes what one poll cost and found ([`PollSample`]). `nbd/poll.rs` feeds
 //! it from the clocks and counters of `nbd/sysload.rs`.
 //!
@@ -16,11 +16,11 @@
 //! - Back-off: polling costs more than it saves when the poller is
 //!   descheduled while it spins (its involuntary context switches grew, or
 //!   its wall time ran far past its own CPU time: someone else needed the
-//!   core), when polls end without data, or when more threads are runnable
-//!   than there are cores. Then the connection sleeps in epoll like
+//!   core), when polls end without data, or when threads are kept waiting
+//!   for a CPU (the machine's CPU pressure). Then the connection sleeps in epoll like
 //!   `--poll-us 0` for a back-off period, 10 ms doubling up to 1 s each time
 //!   it backs off again; when the period ends it polls again only if the
-//!   machine is quiet (no runnable threads beyond the cores), else the
+//!   machine is quiet (no threads kept waiting for a CPU), else the
 //!   period starts over. A long run of clean polls halves the period again.
 
 use std::time::{Duration, Instant};
@@ -76,7 +76,7 @@ pub enum Reason {
     Descheduled,
     /// Polls ended without data.
     Empty,
-    /// More runnable threads than cores.
+    /// Threads kept waiting for a CPU (the machine's CPU pressure).
     Load,
 }
 
@@ -141,7 +141,7 @@ impl Controller {
     }
 
     /// The budget for a wait whose connection has lately waited `gap` on
-    /// average, at `now`; `busy`: more runnable threads than cores.
+    /// average, at `now`; `busy`: threads are kept waiting for a CPU.
     pub fn admit(&mut self, now: Instant, gap: Duration, busy: bool) -> Verdict {
         if let Some(until) = self.until {
             if now < until {

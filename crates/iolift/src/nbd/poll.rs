@@ -21,6 +21,13 @@
 //! (`nbd/sysload.rs`), and the state shows in the metrics
 //! (`nbd/poll_stats.rs`).
 //!
+//! While the last wait for a request was allowed to poll, the reads of
+//! the rest of that request (a write's payload, which clients such as
+//! libnbd send apart from its header) poll too, for at most
+//! [`FOLLOW_MAX`]: otherwise a polled header is followed by a sleep in
+//! epoll for its payload, and a QD1 write pays the wake-up that polling
+//! saved.
+//!
 //! Used by `conn.rs`, which wraps each connection's read half in a
 //! [`Polled`], and by the reader (`reader.rs`), which calls
 //! [`Polled::at_boundary`] before each wait for a new request. The
@@ -95,6 +102,10 @@ impl Drop for SpinTicket<'_> {
 
 /// Longest poll budget accepted: past this, sleeping is cheaper.
 pub const MAX_POLL: Duration = Duration::from_millis(10);
+/// Longest poll for the rest of a request whose header came in (see
+/// `Polled::follow`): a client sends a write's payload right behind its
+/// header, so it comes within microseconds or the client was descheduled.
+pub const FOLLOW_MAX: Duration = Duration::from_micros(50);
 
 /// How a server's connections poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,10 +144,18 @@ pub struct Polled<R> {
     /// reads poll and are measured: the short waits between the pieces of
     /// a large write payload say nothing about the gap between requests.
     boundary: bool,
+    /// The last boundary decision's budget, while polling pays: the reads
+    /// of the rest of a request (a write's payload, which a client often
+    /// sends apart from its header) then poll too, for up to
+    /// [`FOLLOW_MAX`], unmeasured; else they sleep until the payload comes,
+    /// a wake-up more per write. `None`: they go to the runtime at once.
+    follow: Option<Duration>,
     /// Shared by the server's connections: who may poll now.
     gate: Arc<SpinGate>,
     /// Polls started (read by the tests).
     polls: u64,
+    /// Polls for the rest of a request started (read by the tests).
+    follows: u64,
 }
 
 impl<R> Polled<R> {
@@ -158,8 +177,10 @@ impl<R> Polled<R> {
             gap: Duration::ZERO,
             waiting: None,
             boundary: true,
+            follow: None,
             gate,
             polls: 0,
+            follows: 0,
         }
     }
 
@@ -181,10 +202,18 @@ impl<R> Polled<R> {
 
     /// Whether this wait may poll, and for how long; records the state.
     fn decide(&mut self, now: Instant) -> Option<Duration> {
+        let budget = self.decide_budget(now);
+        self.follow = budget;
+        budget
+    }
+
+    fn decide_budget(&mut self, now: Instant) -> Option<Duration> {
         let Some((ctl, load)) = &mut self.auto else {
             return (self.gap * 2 <= self.budget).then_some(self.budget);
         };
-        let (state, budget) = match ctl.admit(now, self.gap, load.busy(now)) {
+        let busy = load.busy(now);
+        self.stats.set_stall(load.stall());
+        let (state, budget) = match ctl.admit(now, self.gap, busy) {
             Verdict::Poll(b) => (PollState::Polling, Some(b)),
             Verdict::Idle => (PollState::Idle, None),
             Verdict::Backoff => (PollState::Backoff, None),
@@ -225,9 +254,49 @@ impl<R> Polled<R> {
             if let Some(r) = ctl.observe(now, s) {
                 self.stats.backed_off(r);
                 self.stats.set(PollState::Backoff, 0);
+                self.follow = None;
             }
         }
         got
+    }
+
+    /// A read of the rest of a request while polling pays: a receive,
+    /// then (once per wait) a poll of up to `budget`, then the runtime's
+    /// path. Not measured for the controller: these waits are the
+    /// client's, not the gap between requests.
+    fn read_rest(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        budget: Duration,
+    ) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + RawSocket + Unpin,
+    {
+        let fd = self.inner.raw_fd();
+        if let Some(r) = try_recv(fd, buf) {
+            self.waiting = None;
+            return Poll::Ready(r);
+        }
+        let now = Instant::now();
+        let (_, polled) = self.waiting.get_or_insert((now, false));
+        if !*polled {
+            *polled = true;
+            let gate = self.gate.clone();
+            let got = gate.enter().and_then(|_ticket| {
+                self.follows += 1;
+                spin(fd, buf, now + budget)
+            });
+            if let Some(r) = got {
+                self.waiting = None;
+                return Poll::Ready(r);
+            }
+        }
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if r.is_ready() {
+            self.waiting = None;
+        }
+        r
     }
 
     /// The socket's file descriptor.
@@ -246,6 +315,10 @@ impl<R> Polled<R> {
     pub fn at_boundary(&mut self, spin: bool) {
         self.spin = spin;
         self.boundary = true;
+        self.waiting = None;
+        if !spin {
+            self.follow = None;
+        }
         if !spin && self.auto.is_some() {
             self.stats.set(PollState::Idle, 0);
         }
@@ -311,6 +384,11 @@ impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         let off = me.budget.is_zero() && me.auto.is_none();
+        if !me.boundary && buf.remaining() > 0 {
+            if let Some(b) = me.follow {
+                return me.read_rest(cx, buf, b.min(FOLLOW_MAX));
+            }
+        }
         if !me.boundary || !me.spin || off || buf.remaining() == 0 {
             me.waiting = None;
             return Pin::new(&mut me.inner).poll_read(cx, buf);
@@ -401,10 +479,15 @@ mod tests {
             other => panic!("expected the 5 bytes sent while polling, got {other:?}"),
         }
         let mut b = t.join().unwrap();
-        // mid-request (no new boundary): no polling, the runtime's path
+        // mid-request (no new boundary): no boundary poll, only a short
+        // one for the rest of the request (at most FOLLOW_MAX), then the
+        // runtime's path
         p.budget = Duration::from_millis(2);
         assert!(poll_once(&mut p, &mut buf).is_pending());
-        assert_eq!(p.polls, 1);
+        assert_eq!((p.polls, p.follows), (1, 1));
+        // the same wait does not poll twice
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!((p.polls, p.follows), (1, 1));
         // at a boundary, nothing more comes: the budget runs out, the read
         // waits (the first wait's length, which a writer thread scheduled
         // late makes long, is forgotten: it would keep this one from polling)
@@ -516,6 +599,38 @@ mod tests {
         assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
         assert_eq!(p.polls, 1);
         assert!(gate.enter().is_some(), "the place was not given back");
+    }
+
+    /// The rest of a request (a write's payload sent apart from its
+    /// header) is received by the reader itself while polling pays, and
+    /// left to the runtime once polling is off.
+    #[test]
+    fn the_rest_of_a_request_is_polled_only_while_polling_pays() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut p = fixed(a, Duration::from_millis(2), SpinGate::new(1));
+        let mut buf = [0u8; 16];
+        b.write_all(b"head").unwrap();
+        assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(4))));
+        // the header was found at once: no decision yet, nothing to follow
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!(p.follows, 0);
+        // a boundary wait that decides to poll allows following
+        p.at_boundary(true);
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!(p.polls, 1);
+        b.write_all(b"h").unwrap();
+        assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(1))));
+        // the rest of that request: received by the reader itself (the
+        // runtime's path never returns data here)
+        b.write_all(b"payload").unwrap();
+        assert!(matches!(poll_once(&mut p, &mut buf), Poll::Ready(Ok(7))));
+        assert_eq!(&buf[..7], b"payload");
+        // polling turned off (a burst): the rest goes to the runtime
+        p.at_boundary(false);
+        p.boundary = false;
+        b.write_all(b"late").unwrap();
+        assert!(poll_once(&mut p, &mut buf).is_pending());
+        assert_eq!(p.follow, None);
     }
 
     #[test]

@@ -11,13 +11,14 @@
 //! ```text
 //! iolift_nbd_poll_state{stage="nbd",instance="7",export="",state="polling"} 1
 //! iolift_nbd_poll_budget_us{stage="nbd",instance="7",export=""} 45
+//! iolift_nbd_poll_cpu_stall_permille{stage="nbd",instance="7",export=""} 12
 //! iolift_nbd_polls_total{stage="nbd",instance="7",export="",result="data"} 1234
 //! iolift_nbd_poll_backoffs_total{stage="nbd",instance="7",export="",reason="load"} 2
 //! ```
 
 use super::adapt::Reason;
 use crate::metrics::{Instance, MetricSource};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// A connection's poll mode at its last wait for a request.
@@ -65,6 +66,8 @@ pub struct PollStats {
     data: AtomicU64,
     empty: AtomicU64,
     backoffs: [AtomicU64; 3],
+    /// The machine's CPU stall share at the last decision, in 1/1024ths.
+    stall: AtomicU32,
 }
 
 impl PollStats {
@@ -79,6 +82,12 @@ impl PollStats {
             .into_iter()
             .find(|x| *x as u8 == s)
             .unwrap_or(PollState::Off)
+    }
+
+    /// The machine's CPU stall share (`sysload::LoadSampler::stall`) seen
+    /// by the last decision.
+    pub fn set_stall(&self, stall: u32) {
+        self.stall.store(stall, Ordering::Relaxed);
     }
 
     /// A poll ended, with data or not.
@@ -137,6 +146,13 @@ impl MetricSource for ConnPollMetrics {
         }
         let budget = s.budget_us.load(Ordering::Relaxed);
         i.sample(out, "iolift_nbd_poll_budget_us", &[("export", e)], budget);
+        let stall = s.stall.load(Ordering::Relaxed) as u64 * 1000 / 1024;
+        i.sample(
+            out,
+            "iolift_nbd_poll_cpu_stall_permille",
+            &[("export", e)],
+            stall,
+        );
         let (data, empty) = s.polls();
         for (result, v) in [("data", data), ("empty", empty)] {
             i.sample(
@@ -168,6 +184,11 @@ impl MetricSource for ConnPollMetrics {
                 "iolift_nbd_poll_budget_us",
                 "gauge",
                 "poll budget of the connection's last poll decision, microseconds (0: not polling)",
+            ),
+            (
+                "iolift_nbd_poll_cpu_stall_permille",
+                "gauge",
+                "share of time some thread waited for a CPU (kernel CPU pressure), per mille, as the connection's last adaptive decision saw it; past 200 polling backs off",
             ),
             (
                 "iolift_nbd_polls_total",
