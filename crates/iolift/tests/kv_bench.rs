@@ -214,6 +214,12 @@ fn bad_input_is_one_error_line() {
             .arg(&img),
     );
     assert!(e.contains("--value_size"), "{e}");
+    let e = error_line(
+        Command::new(iolift_bin())
+            .args(["kv", "bench", "--accelfs_cache_mb", "0", "--image"])
+            .arg(&img),
+    );
+    assert!(e.contains("--accelfs_cache_mb"), "{e}");
     let e = error_line(Command::new(iolift_bin()).args(["kv", "bench", "--num", "10"]));
     assert!(e.contains("--image"), "{e}");
     // Not an AccelFS image.
