@@ -147,7 +147,7 @@ fn parse_cmds(text: &str) -> BTreeMap<PgId, Vec<(i32, i32)>> {
         .map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
             assert_eq!(&w[..3], ["ceph", "osd", "pg-upmap-items"], "{l}");
-            assert!(w.len() >= 6 && w.len() % 2 == 0, "{l}");
+            assert!(w.len() >= 6 && w.len().is_multiple_of(2), "{l}");
             let pairs = w[4..]
                 .chunks(2)
                 .map(|c| (c[0].parse().unwrap(), c[1].parse().unwrap()))
