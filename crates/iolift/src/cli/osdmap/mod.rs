@@ -10,6 +10,7 @@ mod diff;
 mod gpu;
 mod report;
 mod tools;
+mod upmap;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -72,6 +73,8 @@ pub struct OsdmapArgs {
     pub threads: usize,
     #[command(flatten)]
     pub tools: tools::ToolArgs,
+    #[command(flatten)]
+    pub upmap: upmap::UpmapArgs,
 }
 
 const ME: &str = "iolift";
@@ -114,6 +117,8 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
             edited = true;
         }
     }
+    let upmapped = upmap::run(&a.upmap, a.save, a.threads, &mut map, &mut out)?;
+    modified |= upmapped == Some(true);
     if let Some(f) = &a.import_crush {
         let raw = std::fs::read(f).with_context(|| format!("reading crush map from {f}"))?;
         let crush =
@@ -204,6 +209,7 @@ pub fn run(a: OsdmapArgs) -> Result<ExitCode> {
         && !a.test_map_pgs_dump
         && !a.test_map_pgs_dump_all
         && !a.print
+        && upmapped.is_none()
         && !(a.save && edited);
     if nothing {
         out.flush()?;
