@@ -89,6 +89,26 @@ pub struct Attr {
 }
 
 impl Attr {
+    /// Attributes for an entry that carries none (`.` and `..` of
+    /// readdirplus), which the kernel will not cache: only the node id
+    /// matters.
+    pub fn placeholder(ino: u64) -> Attr {
+        Attr {
+            ino,
+            size: 0,
+            blocks: 0,
+            atime: SystemTime::UNIX_EPOCH,
+            mtime: SystemTime::UNIX_EPOCH,
+            ctime: SystemTime::UNIX_EPOCH,
+            mode: 0,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+        }
+    }
+
     /// The type bits (`S_IFREG`, `S_IFDIR`, ...).
     pub fn kind(&self) -> Mode {
         self.mode & libc::S_IFMT

@@ -3,7 +3,7 @@
 //! request's fuser reply is wrapped in a [`Done`] that converts the result,
 //! counts it in [`OpStats`] and sends it, on whichever thread completes it.
 
-use super::convert::{attr, ctx, dummy_attr, errno, kind, time};
+use super::convert::{attr, ctx, errno, kind, time};
 use super::KernelOptions;
 use crate::fs::FileSystem;
 use crate::model::{self, Attr, Done, Entry, Opened, SetAttr, Xattr};
@@ -470,7 +470,7 @@ impl fuser::Filesystem for Adapter {
                         let (nodeid, a, ttl, gen) = match &ent {
                             Some(x) => (x.attr.ino, attr(&x.attr), x.ttl, x.generation),
                             None => {
-                                let mut a = attr(&dummy_attr(e.ino));
+                                let mut a = attr(&Attr::placeholder(e.ino));
                                 a.kind = kind(e.kind);
                                 (0, a, std::time::Duration::ZERO, 0)
                             }

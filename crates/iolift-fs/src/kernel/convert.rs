@@ -2,7 +2,6 @@
 
 use crate::model::{self, Attr, Ctx, TimeSet};
 use fuser::{FileAttr, FileType, INodeNo, Request, TimeOrNow};
-use std::time::SystemTime;
 
 pub fn ctx(r: &Request) -> Ctx {
     Ctx {
@@ -53,23 +52,4 @@ pub fn time(t: Option<TimeOrNow>) -> Option<TimeSet> {
         TimeOrNow::Now => TimeSet::Now,
         TimeOrNow::SpecificTime(s) => TimeSet::At(s),
     })
-}
-
-/// Attributes for an entry the kernel will not cache (`.` and `..` of
-/// readdirplus): only the inode number matters.
-pub fn dummy_attr(ino: u64) -> Attr {
-    Attr {
-        ino,
-        size: 0,
-        blocks: 0,
-        atime: SystemTime::UNIX_EPOCH,
-        mtime: SystemTime::UNIX_EPOCH,
-        ctime: SystemTime::UNIX_EPOCH,
-        mode: 0,
-        nlink: 1,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 4096,
-    }
 }

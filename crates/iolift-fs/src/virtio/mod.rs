@@ -21,12 +21,10 @@ pub mod wire;
 pub use session::{Session, SessionOptions};
 
 use crate::fs::FileSystem;
-use crate::model::{Attr, ROOT};
 use crate::stats::OpStats;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
@@ -140,25 +138,6 @@ impl Server {
             )) => Ok(()),
             Err(e) => Err(io::Error::other(format!("vhost-user on {sock}: {e}"))),
         }
-    }
-}
-
-/// Attributes for a directory entry that carries none (`.` and `..` in
-/// READDIRPLUS).
-pub(crate) fn null_attr(ino: u64) -> Attr {
-    Attr {
-        ino: if ino == 0 { ROOT } else { ino },
-        size: 0,
-        blocks: 0,
-        atime: SystemTime::UNIX_EPOCH,
-        mtime: SystemTime::UNIX_EPOCH,
-        ctime: SystemTime::UNIX_EPOCH,
-        mode: 0,
-        nlink: 1,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 4096,
     }
 }
 

@@ -8,7 +8,7 @@ use super::reply::Reply;
 use super::request::{self, Header, Request};
 use super::wire::{self, init, Out};
 use crate::fs::FileSystem;
-use crate::model::{DirEntry, Done, Entry, Errno, FsResult, Opened, Xattr};
+use crate::model::{Attr, DirEntry, Done, Entry, Errno, FsResult, Opened, Xattr, ROOT};
 use crate::stats::{op, OpStats};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -471,7 +471,8 @@ impl Session {
                             Some(x) => o.entry(x),
                             None => {
                                 // `.` and `..`: no entry, only the name.
-                                let mut a = super::null_attr(e.ino);
+                                let mut a =
+                                    Attr::placeholder(if e.ino == 0 { ROOT } else { e.ino });
                                 a.mode = e.kind;
                                 o.entry(&Entry {
                                     attr: a,
