@@ -74,6 +74,13 @@ pub struct Config {
     /// thread at queue depth 1 or with synchronous batches; callbacks run
     /// on the caller's thread before `submit` returns.
     pub inline: bool,
+    /// Inline mode only: after submitting, spin on the completion ring for
+    /// up to this many microseconds before sleeping in the kernel (0: no
+    /// spinning). With [`Self::sqpoll`] a request then needs no system
+    /// call at all while both sides are awake; the price is a CPU kept
+    /// busy for up to this long per request (and, with SQPOLL, the
+    /// kernel's polling thread busy until its idle time passes).
+    pub spin_us: u32,
 }
 
 impl Default for Config {
@@ -86,6 +93,7 @@ impl Default for Config {
             fixed_buf_size: 128 << 10,
             pin: None,
             inline: false,
+            spin_us: 0,
         }
     }
 }
@@ -100,6 +108,7 @@ impl std::fmt::Debug for Config {
             .field("fixed_buf_size", &self.fixed_buf_size)
             .field("pin", &self.pin.is_some())
             .field("inline", &self.inline)
+            .field("spin_us", &self.spin_us)
             .finish()
     }
 }
@@ -278,6 +287,11 @@ impl Engine {
                 target: target.clone(),
                 _pool: pool.clone(),
                 iopoll: cfg.iopoll,
+                // An IOPOLL ring without SQPOLL completes nothing unless
+                // someone enters the kernel to poll: no spinning there.
+                spin: (cfg.spin_us > 0 && !(cfg.iopoll && cfg.sqpoll.is_none()))
+                    .then(|| std::time::Duration::from_micros(cfg.spin_us.into())),
+                sqpoll: cfg.sqpoll.is_some(),
             };
             return Ok(Engine {
                 shared,

@@ -46,6 +46,12 @@ pub struct LatSpec {
     pub span: u64,
     pub direct: Direct,
     pub seed: u64,
+    /// Engine and AccelFS paths: a kernel thread polls the submission
+    /// queue, sleeping after this many idle milliseconds.
+    pub sqpoll: Option<u32>,
+    /// Engine and AccelFS paths: spin on the completion ring this many
+    /// microseconds before sleeping ([`Config::spin_us`]).
+    pub spin_us: u32,
 }
 
 /// Latencies in microseconds.
@@ -163,6 +169,8 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                     fixed_bufs: 1,
                     fixed_buf_size: bs,
                     inline: true,
+                    sqpoll: spec.sqpoll,
+                    spin_us: spec.spin_us,
                     ..Config::default()
                 },
             )?;
@@ -197,6 +205,8 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
         Path::Accelfs => {
             let cfg = Config {
                 inline: true,
+                sqpoll: spec.sqpoll,
+                spin_us: spec.spin_us,
                 ..Config::default()
             };
             let mut fs = Fs::mount(Engine::new(t, cfg)?)?;

@@ -457,3 +457,39 @@ fn inline_completes_on_the_callers_thread() {
     assert_eq!(eng.stats().enters, before + 1, "one enter for one read");
     assert_eq!(eng.flush().wait().res, 0);
 }
+
+/// Inline mode spinning on the completion ring before it sleeps: the same
+/// model holds, with and without SQPOLL; with SQPOLL (its thread awake for
+/// a second after each submission) most requests cost no system call.
+#[test]
+fn inline_spinning_matches_model() {
+    let d = tempfile::tempdir().unwrap();
+    let p = image(d.path(), 4 << 20);
+    for (seed, sqpoll, spin_us) in [(7, None, 200), (8, Some(1000), 20_000)] {
+        let t = open(&p, Direct::On, None);
+        assert!(t.is_direct(), "O_DIRECT on the test's temp dir");
+        let cfg = Config {
+            inline: true,
+            sqpoll,
+            spin_us,
+            fixed_bufs: 8,
+            fixed_buf_size: 64 << 10,
+            ..Config::default()
+        };
+        let eng = Engine::new(t, cfg).unwrap();
+        model_run(&eng, seed, 100);
+        assert_eq!(
+            eng.pool().unwrap().available(),
+            8,
+            "every fixed buffer back"
+        );
+        let s = eng.stats();
+        println!("sqpoll {sqpoll:?} spin {spin_us} us: {s:?}");
+        if sqpoll.is_some() {
+            assert!(
+                s.enters * 2 < s.ops,
+                "SQPOLL with a spinning reaper: most requests without io_uring_enter: {s:?}"
+            );
+        }
+    }
+}

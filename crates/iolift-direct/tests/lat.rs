@@ -15,6 +15,8 @@ fn spec(path: Path, op: LatOp, bs: usize) -> LatSpec {
         span: 4 << 20,
         direct: Direct::Auto,
         seed: 3,
+        sqpoll: None,
+        spin_us: 0,
     }
 }
 

@@ -6,6 +6,15 @@
 //! latency loop, AccelFS, the key-value store) wants. Callers on several
 //! threads take turns: the ring is behind a mutex held for a whole batch,
 //! so the engine does not overlap requests of different callers.
+//!
+//! With [`super::Config::spin_us`] the caller first spins on the
+//! completion ring for up to that long before it sleeps in the kernel:
+//! it submits without waiting (under SQPOLL, while the kernel's polling
+//! thread is awake, that is no system call at all), then reads the
+//! completion ring in a loop, and only when the time is up with requests
+//! still out does it enter the kernel to wait for them. That trades a
+//! busy CPU for the wake-up (and, under SQPOLL, the system call) a
+//! sleeping waiter pays per request.
 
 use super::{build, sync_now, Callback, Done, Op, Shared};
 use crate::buf::{Buf, FixedPool};
@@ -13,6 +22,7 @@ use crate::target::Target;
 use io_uring::IoUring;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The ring, owned by whichever caller holds the engine's mutex.
 pub(super) struct InlineRing {
@@ -22,6 +32,10 @@ pub(super) struct InlineRing {
     /// after it: fields drop in order).
     pub _pool: Option<Arc<FixedPool>>,
     pub iopoll: bool,
+    /// Spin on the completion ring this long before sleeping (None: sleep
+    /// in `io_uring_enter` at once).
+    pub spin: Option<Duration>,
+    pub sqpoll: bool,
 }
 
 impl InlineRing {
@@ -86,6 +100,35 @@ fn submit_and_reap(
     out: &mut [Option<(Callback, Done)>],
 ) {
     let mut left = in_ring.len();
+    if let Some(spin) = r.spin {
+        // Submit without waiting: no system call under SQPOLL while its
+        // thread is awake (the io_uring crate enters only to wake it).
+        if !r.sqpoll || r.ring.submission().need_wakeup() {
+            shared.enters.fetch_add(1, Ordering::Relaxed);
+        }
+        loop {
+            match r.ring.submit() {
+                Ok(_) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                // Busy: the wait below submits what is left.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
+                    break
+                }
+                Err(e) => panic!("io_uring_enter on {}: {e}", r.target.path().display()),
+            }
+        }
+        let t0 = Instant::now();
+        let mut polls = 0u32;
+        while left > 0 {
+            left -= reap(r, in_ring, out);
+            polls = polls.wrapping_add(1);
+            // Reading the clock costs more than reading the ring.
+            if left > 0 && polls.is_multiple_of(32) && t0.elapsed() >= spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
     while left > 0 {
         shared.enters.fetch_add(1, Ordering::Relaxed);
         match r.ring.submit_and_wait(left) {
@@ -97,18 +140,29 @@ fn submit_and_reap(
             // not bad input), and the kernel may still own the buffers.
             Err(e) => panic!("io_uring_enter on {}: {e}", r.target.path().display()),
         }
-        for c in r.ring.completion() {
-            let (i, cb, buf) = &mut in_ring[c.user_data() as usize];
-            let cb = cb.take().expect("one completion per request");
-            out[*i] = Some((
-                cb,
-                Done {
-                    res: c.result(),
-                    buf: buf.take(),
-                },
-            ));
-            left -= 1;
-        }
+        left -= reap(r, in_ring, out);
     }
     in_ring.clear();
+}
+
+/// Moves the completions in the ring into `out`; returns how many.
+fn reap(
+    r: &mut InlineRing,
+    in_ring: &mut [(usize, Option<Callback>, Option<Buf>)],
+    out: &mut [Option<(Callback, Done)>],
+) -> usize {
+    let mut n = 0;
+    for c in r.ring.completion() {
+        let (i, cb, buf) = &mut in_ring[c.user_data() as usize];
+        let cb = cb.take().expect("one completion per request");
+        out[*i] = Some((
+            cb,
+            Done {
+                res: c.result(),
+                buf: buf.take(),
+            },
+        ));
+        n += 1;
+    }
+    n
 }
