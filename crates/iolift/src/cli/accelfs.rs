@@ -21,6 +21,11 @@ pub struct AccelfsArgs {
     /// A kernel thread polls the engine's submission queue.
     #[arg(long, global = true)]
     sqpoll: bool,
+    /// Spin on the engine's completion ring this many microseconds before
+    /// sleeping in the kernel (0: sleep at once). Costs a busy CPU while
+    /// a request is out; with --sqpoll a request then needs no system call.
+    #[arg(long, global = true, default_value_t = 0)]
+    spin_us: u32,
     #[command(subcommand)]
     cmd: Sub,
 }
@@ -176,6 +181,7 @@ impl AccelfsArgs {
             sqpoll: self.sqpoll.then_some(1000),
             // AccelFS waits for every request: no engine thread.
             inline: true,
+            spin_us: self.spin_us,
             ..Config::default()
         };
         Ok(Engine::new(t, cfg)?)
@@ -373,6 +379,8 @@ pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
                 span: size_arg(span)?,
                 direct: a.direct(),
                 seed: 1,
+                sqpoll: a.sqpoll.then_some(1000),
+                spin_us: a.spin_us,
             };
             let r = lat::measure(target, &spec)?;
             println!(
