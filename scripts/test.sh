@@ -45,6 +45,9 @@ PACKAGES=(
     bindfs          # bench/fs.sh: the FUSE passthrough file system iolift's mirror is measured against
     rocksdb-tools   # bench/kv.sh: RocksDB's db_bench, the peer of `iolift kv bench`
     stress-ng       # bench/nbd.sh BUSY=1 and tests/nbd_poll: a fixed competing CPU load
+    libnfs13        # the fs nfs backend: libnfs loaded at run time (tests/fs_nfs)
+    nfs-ganesha     # tests/fs_nfs, bench/fs-nfs.sh: the user-space NFSv4 server
+    nfs-ganesha-vfs # its VFS backend, exporting a local directory
 )
 # ---------------------------------------------------------------------------
 
