@@ -4,7 +4,7 @@
 //! write left on disk past the size at open are never read ahead as the
 //! file's, and all open files' caches together stay within the budget.
 
-use iolift_direct::fs::{Fs, Mkfs};
+use iolift_direct::fs::{Fs, Mkfs, CACHE_SHARE_MIN};
 use iolift_direct::{Config, Direct, Engine, Open, Target};
 use iolift_testkit::Rng;
 use std::path::Path;
@@ -162,7 +162,7 @@ fn all_caches_together_stay_within_the_budget() {
         let mut f = fs.open(&name).unwrap();
         fs.write(&mut f, 0, &data).unwrap();
         assert!(
-            fs.cached_blocks() <= 40 + files.len() + 1,
+            fs.cached_blocks() <= 40 + CACHE_SHARE_MIN * (files.len() + 1),
             "{}",
             fs.cached_blocks()
         );
@@ -177,7 +177,7 @@ fn all_caches_together_stay_within_the_budget() {
         let n = fs.read(&mut files[i], off as u64, &mut b).unwrap();
         assert!(b[..n] == datas[i][off..off + n], "file {i} at {off}");
         assert!(
-            fs.cached_blocks() <= 40 + files.len(),
+            fs.cached_blocks() <= 40 + CACHE_SHARE_MIN * files.len(),
             "{}",
             fs.cached_blocks()
         );

@@ -19,7 +19,6 @@ use crate::handle::{unmounted, Handle, Inner};
 use iolift_direct::fs::{layout, Fs};
 use rusty_leveldb::env::{Env, FileLock, Logger, RandomAccess};
 use rusty_leveldb::{Status, StatusCode};
-use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -96,18 +95,14 @@ impl AccelEnv {
         fs.set_cache_blocks(cfg.cache_blocks);
         fs.set_cache_budget(cfg.cache_budget);
         AccelEnv {
-            inner: Rc::new(Inner {
-                fs: RefCell::new(Some(fs)),
-                open: RefCell::new(Default::default()),
-                locks: RefCell::new(Default::default()),
-                _image_lock: image_lock,
-            }),
+            inner: Rc::new(Inner::new(fs, image_lock)),
         }
     }
 
     /// Soft-syncs every open file, then unmounts (a device flush). Call it
     /// once the database is dropped; later calls fail.
     pub fn unmount(&self) -> io::Result<()> {
+        self.inner.drop_kept();
         let open: Vec<_> = self.inner.open.borrow_mut().drain().collect();
         let fs = self.inner.fs.borrow_mut().take().ok_or_else(unmounted)?;
         let mut fs = fs;

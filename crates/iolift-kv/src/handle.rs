@@ -1,12 +1,20 @@
 //! Open files of [`crate::AccelEnv`]: one AccelFS `File` (with its
 //! buffer cache) per inode, shared by every handle the engine holds on it,
 //! soft-synced when the last handle goes.
+//!
+//! A file whose last handle went keeps its (now clean) cache for a while,
+//! as the host's page cache keeps a closed file's pages: the engine
+//! writes a table, closes it and opens it again to read it, and a table
+//! that falls out of the engine's table cache is opened again later.
+//! Such kept files are dropped, oldest first, once all caches together
+//! hold more than the file system's cache budget, when the file is
+//! removed or replaced, and at unmount.
 
 use iolift_direct::fs::{File, Fs};
 use rusty_leveldb::env::RandomAccess;
 use rusty_leveldb::Status;
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::rc::{Rc, Weak};
 
@@ -15,6 +23,8 @@ use std::rc::{Rc, Weak};
 pub(crate) struct OpenFile {
     pub file: File,
     pub gone: bool,
+    /// Handles on it now (0: kept closed, in `Inner::kept`).
+    handles: usize,
 }
 
 pub(crate) type Shared = Rc<RefCell<OpenFile>>;
@@ -26,6 +36,10 @@ pub(crate) struct Inner {
     /// Open files by inode.
     pub open: RefCell<HashMap<u32, Weak<RefCell<OpenFile>>>>,
     pub locks: RefCell<HashSet<String>>,
+    /// Closed files whose caches are kept, by inode, and the order they
+    /// were closed in (an inode may appear there after it left `kept`).
+    kept: RefCell<HashMap<u32, Shared>>,
+    kept_order: RefCell<VecDeque<u32>>,
     /// flock(2) on the image, held while mounted.
     pub _image_lock: Option<std::fs::File>,
 }
@@ -46,8 +60,43 @@ impl Inner {
         self.open.borrow().get(&ino).and_then(Weak::upgrade)
     }
 
+    pub fn new(fs: Fs, image_lock: Option<std::fs::File>) -> Inner {
+        Inner {
+            fs: RefCell::new(Some(fs)),
+            open: RefCell::new(Default::default()),
+            locks: RefCell::new(Default::default()),
+            kept: RefCell::new(Default::default()),
+            kept_order: RefCell::new(Default::default()),
+            _image_lock: image_lock,
+        }
+    }
+
+    /// Drops every kept closed file (before unmount).
+    pub fn drop_kept(&self) {
+        self.kept_order.borrow_mut().clear();
+        let kept: Vec<_> = self.kept.borrow_mut().drain().collect();
+        for (ino, _) in kept {
+            self.open.borrow_mut().remove(&ino);
+        }
+    }
+
+    /// Drops kept closed files, oldest first, while all caches together
+    /// hold more than the file system's budget.
+    fn trim(&self, fs: &Fs) {
+        while fs.cached_blocks() > fs.cache_budget() {
+            let Some(ino) = self.kept_order.borrow_mut().pop_front() else {
+                return;
+            };
+            if let Some(s) = self.kept.borrow_mut().remove(&ino) {
+                self.open.borrow_mut().remove(&ino);
+                drop(s);
+            }
+        }
+    }
+
     /// Marks the open file of `ino` (if any) as gone.
     pub fn forget(&self, ino: u32) {
+        self.kept.borrow_mut().remove(&ino);
         if let Some(s) = self
             .open
             .borrow_mut()
@@ -63,11 +112,15 @@ impl Inner {
         let f = self.with_fs(|fs| {
             let ino = fs.lookup(path)?;
             if let Some(s) = self.shared(ino) {
+                s.borrow_mut().handles += 1;
+                self.kept.borrow_mut().remove(&ino);
                 return Ok(s);
             }
+            self.trim(fs);
             let s = Rc::new(RefCell::new(OpenFile {
                 file: fs.open(path)?,
                 gone: false,
+                handles: 1,
             }));
             self.open.borrow_mut().insert(ino, Rc::downgrade(&s));
             Ok(s)
@@ -143,17 +196,44 @@ impl io::Write for Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        if Rc::strong_count(&self.f) > 1 {
-            return;
-        }
         let mut o = self.f.borrow_mut();
-        if o.gone {
+        o.handles -= 1;
+        if o.handles > 0 || o.gone {
             return;
         }
         let ino = o.file.ino();
-        self.env.open.borrow_mut().remove(&ino);
         // Close: a soft sync. A failure here has no caller to go to; the
-        // data stays unsynced, as after a crash.
-        let _ = self.env.with_fs(|fs| fs.sync_soft(&mut o.file));
+        // data stays unsynced, as after a crash, and the file is not kept.
+        let synced = self.env.with_fs(|fs| fs.sync_soft(&mut o.file));
+        drop(o);
+        if synced.is_err() {
+            self.env.open.borrow_mut().remove(&ino);
+            return;
+        }
+        // Kept (clean) for a later open; trimmed to the budget.
+        self.env.kept.borrow_mut().insert(ino, self.f.clone());
+        {
+            let mut order = self.env.kept_order.borrow_mut();
+            order.push_back(ino);
+            // Bounded: past twice the kept files (plus a margin), keep
+            // only the last entry of each file still kept.
+            let kept = self.env.kept.borrow();
+            if order.len() > 2 * kept.len() + 64 {
+                let mut seen = HashSet::new();
+                let mut v: Vec<u32> = order
+                    .iter()
+                    .rev()
+                    .filter(|i| kept.contains_key(i) && seen.insert(**i))
+                    .copied()
+                    .collect();
+                v.reverse();
+                *order = v.into();
+            }
+        }
+        if let Ok(g) = self.env.fs.try_borrow() {
+            if let Some(fs) = g.as_ref() {
+                self.env.trim(fs);
+            }
+        }
     }
 }

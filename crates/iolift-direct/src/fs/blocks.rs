@@ -37,6 +37,7 @@ impl Fs {
         } else {
             self.bitmap[i] &= !m;
             self.ind_cache.get_mut().remove(&b);
+            self.dir_cache.get_mut().remove(&b);
         }
         let blk = i / self.dev.bs;
         let data = &self.bitmap[blk * self.dev.bs..(blk + 1) * self.dev.bs];
@@ -52,6 +53,7 @@ impl Fs {
         for &b in blocks {
             self.bitmap[(b / 8) as usize] &= !(1u8 << (b % 8));
             self.ind_cache.get_mut().remove(&b);
+            self.dir_cache.get_mut().remove(&b);
             let blk = b / per_bitmap_block;
             if !touched.contains(&blk) {
                 touched.push(blk);

@@ -31,7 +31,7 @@ impl Fs {
             let Some(phys) = self.bmap(&n, fb)? else {
                 continue;
             };
-            let b = self.dev.read(phys)?;
+            let b = self.dir_block(phys)?;
             for s in 0..per.min(slots - fb * per) {
                 let at = (s as usize) * DIRENT_SIZE;
                 let slot = fb * per + s;
@@ -162,15 +162,15 @@ impl Fs {
         let at = (slot % per) as usize * DIRENT_SIZE;
         match self.bmap(&n, fb)? {
             Some(phys) => {
-                let mut b = self.dev.read(phys)?;
+                let mut b = self.dir_block(phys)?;
                 b[at..at + DIRENT_SIZE].copy_from_slice(&d.encode());
-                self.dev.write(phys, b)?;
+                self.put_dir_block(phys, b)?;
             }
             None => {
                 let phys = self.alloc_block()?;
                 let mut b = AlignedBuf::new(self.dev.bs);
                 b[at..at + DIRENT_SIZE].copy_from_slice(&d.encode());
-                self.dev.write(phys, b)?;
+                self.put_dir_block(phys, b)?;
                 self.set_ptr(&mut n, fb, phys)?;
             }
         }
@@ -201,10 +201,10 @@ impl Fs {
         let phys = self
             .bmap(&dn, slot / per)?
             .ok_or_else(|| corrupt("directory slot without a block"))?;
-        let mut b = self.dev.read(phys)?;
+        let mut b = self.dir_block(phys)?;
         let at = (slot % per) as usize * DIRENT_SIZE;
         b[at..at + DIRENT_SIZE].fill(0);
-        self.dev.write(phys, b)?;
+        self.put_dir_block(phys, b)?;
         // An interrupted rename can leave a second name for the inode
         // (see rename.rs): then the inode stays for that name.
         if n.kind == KIND_FILE

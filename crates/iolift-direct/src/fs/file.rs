@@ -3,7 +3,7 @@
 
 use super::cache::Cache;
 use super::layout::*;
-use super::{File, Fs, READ_AHEAD_MAX};
+use super::{File, Fs, CACHE_SHARE_MIN, READ_AHEAD_MAX};
 use crate::buf::AlignedBuf;
 use std::io;
 
@@ -130,9 +130,12 @@ impl Fs {
     /// false (nothing done) when fewer than two blocks qualify.
     fn read_ahead(&mut self, f: &mut File, fb: u64) -> io::Result<bool> {
         let mut want = (f.cache.cap() / 2).min(READ_AHEAD_MAX) as u64;
-        if self.cached_blocks() >= self.cache_budget {
+        if self.over_budget(f) {
             // Every block read ahead would evict one of the file's own.
             want = want.min(f.cache.len() as u64 / 2);
+        } else if self.cached_blocks() >= self.cache_budget {
+            // Within its minimum share only.
+            want = want.min((CACHE_SHARE_MIN - f.cache.len()) as u64);
         }
         if want < 2 {
             return Ok(false);
@@ -171,7 +174,7 @@ impl Fs {
     /// cache budget is spent and the file has a block; writes it back if
     /// dirty.
     pub(super) fn make_room(&mut self, f: &mut File) -> io::Result<()> {
-        let victim = if self.cached_blocks() >= self.cache_budget {
+        let victim = if self.over_budget(f) {
             f.cache.evict_lru()
         } else {
             f.cache.evict_if_full()
@@ -189,6 +192,12 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// All caches together are at the budget and `f` holds at least its
+    /// minimum share: it must evict one of its own blocks for a new one.
+    fn over_budget(&self, f: &File) -> bool {
+        self.cached_blocks() >= self.cache_budget && f.cache.len() >= CACHE_SHARE_MIN
     }
 
     /// Soft sync: writes back every dirty block, then the inode (rule 5).

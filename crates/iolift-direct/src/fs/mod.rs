@@ -34,6 +34,7 @@
 mod blocks;
 pub mod cache;
 mod dir;
+mod dircache;
 mod file;
 pub mod fsck;
 pub mod layout;
@@ -55,6 +56,13 @@ pub const DEFAULT_CACHE_BLOCKS: usize = 16;
 /// Blocks all open files' caches keep together unless told otherwise
 /// (64 MiB at 8 KiB blocks); see [`Fs::set_cache_budget`].
 pub const DEFAULT_CACHE_BUDGET: usize = 8192;
+
+/// Blocks every open file may hold (up to its own bound) even when all
+/// caches together are at the budget: a file opened after the budget is
+/// spent still gets a working cache and read-ahead, not one block that
+/// each miss evicts. The caches together hold at most the budget plus
+/// this many blocks per open file.
+pub const CACHE_SHARE_MIN: usize = 16;
 
 /// The most blocks one read-ahead brings in (at most half of a file's
 /// cache is used for it).
@@ -235,6 +243,8 @@ pub struct Fs {
     /// While a batch sets pointers: the indirect blocks changed in the
     /// cache only, to write once at its end (see writeback.rs).
     ind_defer: Option<Vec<u64>>,
+    /// Directory blocks as last read or written (see dircache.rs).
+    dir_cache: std::cell::RefCell<std::collections::HashMap<u64, AlignedBuf>>,
 }
 
 impl Fs {
@@ -275,6 +285,7 @@ impl Fs {
             alloc_next: 0,
             ind_cache: Default::default(),
             ind_defer: None,
+            dir_cache: Default::default(),
         };
         let root = fs.inode(ROOT)?;
         if root.kind != KIND_DIR {
@@ -299,11 +310,22 @@ impl Fs {
     }
 
     /// Blocks all open files' caches hold together (>= 1): once they hold
-    /// that many, a file that needs a block first evicts one of its own
-    /// (when it has one). So the caches take at most this many blocks plus
-    /// one per open file, each file at most its own bound.
+    /// that many, a file that needs a block and holds [`CACHE_SHARE_MIN`]
+    /// or more first evicts one of its own. So the caches take at most
+    /// this many blocks plus [`CACHE_SHARE_MIN`] per open file, each file
+    /// at most its own bound.
     pub fn set_cache_budget(&mut self, n: usize) {
         self.cache_budget = n.max(1);
+    }
+
+    /// The engine under the file system (its request counters).
+    pub fn engine(&self) -> &Engine {
+        &self.dev.eng
+    }
+
+    /// The budget [`Self::set_cache_budget`] set.
+    pub fn cache_budget(&self) -> usize {
+        self.cache_budget
     }
 
     /// Blocks in all open files' caches now.

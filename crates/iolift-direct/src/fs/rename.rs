@@ -76,7 +76,7 @@ impl Fs {
         let phys = self
             .bmap(&dn, fb)?
             .ok_or_else(|| corrupt("directory slot without a block"))?;
-        let mut b = self.dev.read(phys)?;
+        let mut b = self.dir_block(phys)?;
         for (slot, d) in slots {
             let at = (slot % per) as usize * DIRENT_SIZE;
             match d {
@@ -84,7 +84,7 @@ impl Fs {
                 None => b[at..at + DIRENT_SIZE].fill(0),
             }
         }
-        self.dev.write(phys, b).map(drop)
+        self.put_dir_block(phys, b)
     }
 
     /// Frees an inode no entry names: the inode first, then its blocks

@@ -1,0 +1,129 @@
+//! Closed files keep their caches (as the page cache keeps a closed
+//! file's pages) until all caches together pass the budget: a table read
+//! back right after it was written costs no I/O, the budget still holds,
+//! and a removed file's kept cache is never served again.
+
+use iolift_direct::fs::{mkfs, Fs, Mkfs, CACHE_SHARE_MIN};
+use iolift_direct::{Config, Direct, Engine, Open, Target};
+use iolift_kv::{AccelEnv, EnvConfig};
+use rusty_leveldb::env::Env;
+use std::io::Write;
+use std::path::Path;
+
+const BS: usize = 4096;
+const BUDGET: usize = 64;
+
+fn env(image: &Path) -> AccelEnv {
+    let t = Target::open(
+        image,
+        &Open {
+            direct: Direct::Auto,
+            create_size: Some(64 << 20),
+            ..Open::default()
+        },
+    )
+    .unwrap();
+    let cfg = Config {
+        inline: true,
+        ..Config::default()
+    };
+    let eng = Engine::new(t, cfg).unwrap();
+    mkfs(
+        &eng,
+        &Mkfs {
+            block_size: BS as u32,
+            inodes: 0,
+        },
+    )
+    .unwrap();
+    let cfg = EnvConfig {
+        cache_blocks: 32,
+        cache_budget: BUDGET,
+    };
+    AccelEnv::new(Fs::mount(eng).unwrap(), &cfg, None)
+}
+
+fn enters(e: &AccelEnv) -> u64 {
+    e.with_fs(|fs| Ok(fs.engine().stats().enters)).unwrap()
+}
+
+fn cached(e: &AccelEnv) -> usize {
+    e.with_fs(|fs| Ok(fs.cached_blocks())).unwrap()
+}
+
+fn data(i: usize) -> Vec<u8> {
+    (0..20 * BS).map(|j| (j * 7 + i * 13) as u8).collect()
+}
+
+fn write(e: &AccelEnv, name: &str, d: &[u8]) {
+    let mut w = e.open_writable_file(Path::new(name)).unwrap();
+    w.write_all(d).unwrap();
+    w.flush().unwrap();
+}
+
+fn read_all(e: &AccelEnv, name: &str, len: usize) -> Vec<u8> {
+    let r = e.open_random_access_file(Path::new(name)).unwrap();
+    let mut got = vec![0u8; len];
+    let mut off = 0;
+    while off < len {
+        let n = r
+            .read_at(off, &mut got[off..(off + 3000).min(len)])
+            .unwrap();
+        assert!(n > 0, "{name}: short file at {off}");
+        off += n;
+    }
+    got
+}
+
+#[test]
+fn closed_files_keep_their_caches_within_the_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let e = env(&d.path().join("kv.img"));
+    e.mkdir(Path::new("/db")).unwrap();
+    write(&e, "/db/a", &data(0));
+    assert!(
+        cached(&e) >= 20,
+        "the closed file's blocks stay: {}",
+        cached(&e)
+    );
+    let before = enters(&e);
+    assert!(read_all(&e, "/db/a", 20 * BS) == data(0), "/db/a read back");
+    assert_eq!(enters(&e), before, "read back from the kept cache: no I/O");
+
+    // Many more files than the budget holds: it still holds, and every
+    // file reads back right (from the disk where its cache was dropped).
+    for i in 1..12 {
+        write(&e, &format!("/db/f{i}"), &data(i));
+        assert!(
+            cached(&e) <= BUDGET + CACHE_SHARE_MIN,
+            "after closing f{i}: {} blocks cached",
+            cached(&e)
+        );
+    }
+    for i in 1..12 {
+        assert!(
+            read_all(&e, &format!("/db/f{i}"), 20 * BS) == data(i),
+            "f{i}"
+        );
+        assert!(cached(&e) <= BUDGET + CACHE_SHARE_MIN, "{}", cached(&e));
+    }
+
+    // Removed, then a new file under the same name (it may get the same
+    // inode): its own bytes, not the kept ones.
+    e.delete(Path::new("/db/f11")).unwrap();
+    let fresh: Vec<u8> = vec![0xA5; 3 * BS];
+    write(&e, "/db/f11", &fresh);
+    assert!(
+        read_all(&e, "/db/f11", 3 * BS) == fresh,
+        "the new file's bytes"
+    );
+    // Renamed over: the target's kept cache goes too.
+    write(&e, "/db/tmp", &data(40));
+    e.rename(Path::new("/db/tmp"), Path::new("/db/f10"))
+        .unwrap();
+    assert!(
+        read_all(&e, "/db/f10", 20 * BS) == data(40),
+        "renamed-over file"
+    );
+    e.unmount().unwrap();
+}
