@@ -10,7 +10,8 @@
 //!   algorithms, tunables, weights, device classes, choose_args.
 //! - [`process`]: find a peer tool or fail loudly ([`require_tool`]), run a
 //!   command under a time limit and assert on its exit ([`run_ok`],
-//!   [`run_fail`], [`run_timeout`]), wait for a child ([`wait_child`]).
+//!   [`run_fail`], [`run_timeout`]), run a peer tool by name and arguments
+//!   ([`tool_output`], [`tool_ok`]), wait for a child ([`wait_child`]).
 //! - [`data`]: deterministic random data ([`random_bytes`],
 //!   [`write_random_file`]), [`sha256_file`], [`parse_size`].
 //! - [`disk`]: root-only helpers for tests that use the kernel: mounts
@@ -35,7 +36,7 @@ pub use disk::{
     umount_lazy, Loop, Mount,
 };
 pub use process::{
-    cmd, find_tool, require_tool, run_capture, run_fail, run_ok, run_timeout, wait_child, Out,
-    CMD_TIMEOUT,
+    cmd, find_tool, require_tool, run_capture, run_fail, run_ok, run_timeout, tool_ok, tool_output,
+    wait_child, Out, CMD_TIMEOUT, TOOL_TIMEOUT,
 };
 pub use rng::Rng;

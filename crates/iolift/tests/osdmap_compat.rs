@@ -10,31 +10,13 @@
 
 use iolift_osdmap::types::POOL_ERASURE;
 use iolift_osdmap::PgId;
+use iolift_testkit::{tool_ok as ok, tool_output as run};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn run(prog: &str, args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(prog)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("missing {prog} ({e}): run scripts/test.sh, which installs it"));
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
 
 fn iolift(args: &[&str]) -> (i32, String, String) {
     let mut a = vec!["osdmap"];
     a.extend_from_slice(args);
     run(env!("CARGO_BIN_EXE_iolift"), &a)
-}
-
-fn ok(prog: &str, args: &[&str]) -> String {
-    let (code, out, err) = run(prog, args);
-    assert_eq!(code, 0, "{prog} {args:?}: {out}{err}");
-    out
 }
 
 /// Same stdout (and exit code) from both tools for `args` on `map`.

@@ -6,9 +6,9 @@
 //! changed, and the shards they count per OSD, must be what comparing
 //! osdmaptool's `--test-map-pgs-dump-all` of the two maps gives.
 
+use iolift_testkit::{tool_ok as ok, tool_output as run};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 
 struct TempDir(PathBuf);
 
@@ -28,24 +28,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn run(prog: &str, args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(prog)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("missing {prog} ({e}): run scripts/test.sh, which installs it"));
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-fn ok(prog: &str, args: &[&str]) -> String {
-    let (code, out, err) = run(prog, args);
-    assert_eq!(code, 0, "{prog} {args:?}: {err}");
-    out
 }
 
 fn iolift(args: &[&str]) -> String {

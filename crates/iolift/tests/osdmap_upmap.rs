@@ -7,27 +7,9 @@
 
 use iolift_osdmap::types::OsdMap;
 use iolift_osdmap::PgId;
+use iolift_testkit::{tool_ok as ok, tool_output as run};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn run(prog: &str, args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(prog)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{prog}: {e} (osdmaptool and crushtool come with ceph-base)"));
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-fn ok(prog: &str, args: &[&str]) -> String {
-    let (code, out, err) = run(prog, args);
-    assert_eq!(code, 0, "{prog} {args:?}: {err}");
-    out
-}
 
 fn ours(args: &[&str]) -> (i32, String, String) {
     let mut a = vec!["osdmap"];
