@@ -102,6 +102,14 @@ pub trait FileSystem: Send + Sync + 'static {
     fn handles_killpriv(&self) -> bool {
         false
     }
+    /// Whether a directory's mtime (as getattr reports it) changes whenever
+    /// an entry is added, removed or renamed, by this server or anyone
+    /// else. Then the kernel front-end may let the kernel keep listings and
+    /// check them against the mtime (at most the attribute timeout old)
+    /// instead of asking for every listing again.
+    fn cacheable_listings(&self) -> bool {
+        false
+    }
     /// Called on each close(2) of a descriptor of the open file.
     fn flush(&self, ctx: &Ctx, ino: u64, fh: u64, done: Done<()>) {
         done.ok(())

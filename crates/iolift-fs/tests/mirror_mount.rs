@@ -428,6 +428,64 @@ fn a_large_directory_lists_every_entry_once() {
     assert_eq!(listed.ino(), ino);
 }
 
+/// The names in a listing of `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn kept_listings_follow_changes_through_the_mount_at_once_and_on_the_host_within_the_timeout() {
+    let ttl = std::time::Duration::from_millis(300);
+    let s = setup(
+        MirrorOptions {
+            ttl,
+            ..MirrorOptions::default()
+        },
+        KernelOptions {
+            ttl,
+            ..KernelOptions::default()
+        },
+    );
+    let d = s.mnt.join("d");
+    fs::create_dir(&d).unwrap();
+    for i in 0..200 {
+        fs::write(d.join(format!("f{i:03}")), b"").unwrap();
+    }
+    let first = listing(&d);
+    assert_eq!(first.len(), 200);
+    assert_eq!(listing(&d), first, "a second (kept) listing differs");
+    // Through the mount: seen by the very next listing.
+    fs::write(d.join("m"), b"").unwrap();
+    fs::remove_file(d.join("f000")).unwrap();
+    let l = listing(&d);
+    assert!(l.contains(&"m".to_string()) && !l.contains(&"f000".to_string()));
+    assert_eq!(l.len(), 200);
+    // On the host: seen once the directory's attributes are older than
+    // the timeout (a kept listing is checked against its mtime).
+    let hd = s.src.join("d");
+    fs::write(hd.join("h"), b"").unwrap();
+    fs::remove_file(hd.join("f001")).unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let l = listing(&d);
+        if l.contains(&"h".to_string()) && !l.contains(&"f001".to_string()) {
+            assert_eq!(l.len(), 200);
+            break;
+        }
+        assert!(
+            t0.elapsed() < ttl * 10,
+            "host-side changes not listed after {:?} (timeout {ttl:?})",
+            t0.elapsed()
+        );
+        std::thread::sleep(ttl / 4);
+    }
+}
+
 #[test]
 fn a_write_by_another_user_clears_the_set_user_id_bit() {
     let s = default_setup();

@@ -134,6 +134,11 @@ impl Adapter {
         (flags, Some(id))
     }
 
+    /// The kernel keeps directory listings (see `KernelOptions::dir_cache`).
+    fn dir_cache(&self) -> bool {
+        self.opts.dir_cache && self.fs.cacheable_listings()
+    }
+
     fn drop_backing(&self, fh: u64) {
         let mut b = self.backing.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(ino) = b.by_fh.remove(&fh) {
@@ -160,6 +165,12 @@ impl fuser::Filesystem for Adapter {
         }
         if self.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if self.dir_cache() {
+            // A kept listing is checked against the directory's mtime,
+            // refreshed (once the attributes are older than the timeout)
+            // when a listing starts.
+            want |= InitFlags::FUSE_AUTO_INVAL_DATA;
         }
         if self.opts.passthrough {
             want |= InitFlags::FUSE_PASSTHROUGH;
@@ -414,8 +425,13 @@ impl fuser::Filesystem for Adapter {
         )
     }
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let fopen = if self.dir_cache() {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
         let d = self.done("opendir", move |r: model::FsResult<Opened>| match r {
-            Ok(o) => reply.opened(FileHandle(o.fh), FopenFlags::empty()),
+            Ok(o) => reply.opened(FileHandle(o.fh), fopen),
             Err(e) => reply.error(errno(e)),
         });
         self.fs.opendir(&ctx(req), ino.0, flags.0, d)

@@ -29,6 +29,11 @@ pub struct KernelOptions {
     pub readdirplus: bool,
     /// How long the kernel may cache attributes from getattr/setattr.
     pub ttl: Duration,
+    /// Let the kernel keep directory listings (FOPEN_CACHE_DIR and
+    /// KEEP_CACHE on opendir, FUSE_AUTO_INVAL_DATA) where the backend's
+    /// directory mtimes change with their entries
+    /// ([`FileSystem::cacheable_listings`]).
+    pub dir_cache: bool,
     /// The fstype shown in /proc/mounts is `fuse.<subtype>`.
     pub subtype: String,
 }
@@ -41,6 +46,7 @@ impl Default for KernelOptions {
             passthrough: false,
             readdirplus: true,
             ttl: Duration::from_secs(1),
+            dir_cache: true,
             subtype: "iolift-fs".into(),
         }
     }

@@ -39,12 +39,15 @@ impl MirrorFs {
             let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
             sys::getdents(h.fd.as_fd(), off, &mut buf)?
         };
-        let dev = self.nodes_dev();
+        let mut raw = raw;
+        raw.truncate(max.max(1));
+        let mut ids: Vec<u64> = raw.iter().map(|e| e.0).collect();
+        self.nodes.ids_for(self.nodes_dev(), &mut ids);
         Ok(raw
             .into_iter()
-            .take(max.max(1))
-            .map(|(ino, off, ty, name)| DirEntry {
-                ino: self.nodes.id_for(dev, ino),
+            .zip(ids)
+            .map(|((_, off, ty, name), ino)| DirEntry {
+                ino,
                 offset: off,
                 kind: sys::dtype_mode(ty),
                 name: OsString::from_vec(name),

@@ -94,16 +94,27 @@ impl Nodes {
             .ok_or(Errno::ENOENT)
     }
 
-    /// The id the host inode `(dev, ino)` has or would get, as readdir
-    /// shows it.
-    pub fn id_for(&self, dev: u64, ino: u64) -> u64 {
-        if (dev, ino) == self.root_key {
-            return ROOT;
+    /// Replaces each host inode number in `inos` (all of device `dev`)
+    /// by the id it has or would get, taking the table's lock once.
+    pub fn ids_for(&self, dev: u64, inos: &mut [u64]) {
+        let t = self.lock();
+        for ino in inos {
+            if (dev, *ino) == self.root_key {
+                *ino = ROOT;
+            } else if let Some(id) = t.by_key.get(&(dev, *ino)) {
+                *ino = *id;
+            }
         }
-        if let Some(id) = self.lock().by_key.get(&(dev, ino)) {
-            return *id;
-        }
-        ino
+    }
+
+    /// Counts one lookup of the inode `key` if it has a node already
+    /// (which then needs no new fd) and returns that node.
+    pub fn find(&self, key: (u64, u64)) -> Option<Arc<Node>> {
+        let mut t = self.lock();
+        let id = *t.by_key.get(&key)?;
+        let slot = t.by_id.get_mut(&id).expect("by_key and by_id agree");
+        slot.refs += 1;
+        Some(slot.node.clone())
     }
 
     /// Counts one lookup of the inode `key` whose O_PATH fd is `fd`

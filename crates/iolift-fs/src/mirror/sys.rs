@@ -111,6 +111,22 @@ pub fn fstat(fd: BorrowedFd<'_>) -> FsResult<libc::stat> {
     Ok(st)
 }
 
+/// `stat` of the entry `name` of directory `dir` (one checked component),
+/// not following it if it is a symlink.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> FsResult<libc::stat> {
+    // SAFETY: st is written by the kernel before being read.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(st)
+}
+
 pub fn time(sec: i64, nsec: i64) -> SystemTime {
     if sec >= 0 {
         UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)

@@ -3,6 +3,7 @@
 //! FUSE client on MOUNTPOINT until SIGINT or SIGTERM (or an unmount from
 //! outside), then unmounts. See docs/fs.md.
 
+mod budget;
 mod drive;
 mod virtio;
 
@@ -11,7 +12,6 @@ use crate::metrics::{self, MetricSource};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use iolift_fs::kernel::{self, KernelOptions};
-use iolift_fs::mirror::MirrorOptions;
 use iolift_fs::stats::OpStats;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,22 +55,13 @@ struct MountArgs {
     /// reads and writes then go to the host file without this server.
     #[arg(long)]
     passthrough: bool,
-    /// Do not use READDIRPLUS (listings then carry names only).
+    /// mirror: do not let the kernel keep directory listings (by default it
+    /// keeps them and checks the directory's mtime when a listing starts,
+    /// once the attributes are older than --ttl-ms).
     #[arg(long)]
-    no_readdirplus: bool,
-    /// How long the kernel may cache attributes and names, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    ttl_ms: u64,
-    /// mirror: nodes (host inodes the kernel knows) held at most; each holds
-    /// an fd, so this is also kept below the open-files limit.
-    #[arg(long, default_value_t = 1 << 18)]
-    max_nodes: usize,
-    /// mirror: open files and directories at most; each holds an fd.
-    #[arg(long, default_value_t = 4096)]
-    max_handles: usize,
-    /// Serve Prometheus metrics (per-operation counts and latency) on ADDR.
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<String>,
+    no_dir_cache: bool,
+    #[command(flatten)]
+    budget: budget::BudgetArgs,
 }
 
 pub fn run(a: FsArgs) -> Result<ExitCode> {
@@ -100,32 +91,24 @@ fn mount(a: MountArgs) -> Result<ExitCode> {
     if !(1..=64).contains(&a.threads) {
         bail!("--threads {}: must be 1 to 64", a.threads);
     }
-    if a.max_nodes == 0 || a.max_handles == 0 {
-        bail!("--max-nodes and --max-handles must be at least 1");
-    }
     if a.passthrough && !a.backend.starts_with("mirror:") {
         bail!("--passthrough needs the mirror backend (host files to hand to the kernel)");
     }
     if a.passthrough && a.writeback_cache {
         bail!("--passthrough and --writeback-cache do not go together: the kernel refuses passthrough opens while its writeback cache is on");
     }
-    let ttl = Duration::from_millis(a.ttl_ms);
+    let ttl = a.budget.ttl();
     let opts = iolift_fs::BackendOptions {
-        mirror: MirrorOptions {
-            max_nodes: a.max_nodes,
-            max_handles: a.max_handles,
-            ttl,
-            passthrough: a.passthrough,
-            writeback: a.writeback_cache,
-        },
+        mirror: a.budget.mirror(a.passthrough, a.writeback_cache)?,
     };
     let fs = iolift_fs::open_backend(&a.backend, &opts).map_err(anyhow::Error::msg)?;
     let kopts = KernelOptions {
         threads: a.threads,
         writeback_cache: a.writeback_cache,
         passthrough: a.passthrough,
-        readdirplus: !a.no_readdirplus,
+        readdirplus: !a.budget.no_readdirplus,
         ttl,
+        dir_cache: !a.no_dir_cache,
         ..KernelOptions::default()
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -133,7 +116,7 @@ fn mount(a: MountArgs) -> Result<ExitCode> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
-        let metrics_addr = match &a.metrics {
+        let metrics_addr = match &a.budget.metrics {
             Some(addr) => Some(metrics::spawn(addr).await?),
             None => None,
         };

@@ -9,7 +9,6 @@ use crate::frontend::{wait_for_signal, StopOn};
 use crate::metrics::{self, MetricSource};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use iolift_fs::mirror::MirrorOptions;
 use iolift_fs::virtio::{Server, SessionOptions, VirtioOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,21 +41,8 @@ pub struct VirtioArgs {
     /// Let the guest cache writes and send them later (FUSE_WRITEBACK_CACHE).
     #[arg(long)]
     writeback: bool,
-    /// Do not use READDIRPLUS.
-    #[arg(long)]
-    no_readdirplus: bool,
-    /// How long the guest may cache attributes and names, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    ttl_ms: u64,
-    /// mirror: nodes held at most (each holds an fd).
-    #[arg(long, default_value_t = 1 << 18)]
-    max_nodes: usize,
-    /// mirror: open files and directories at most (each holds an fd).
-    #[arg(long, default_value_t = 4096)]
-    max_handles: usize,
-    /// Serve Prometheus metrics (per-operation counts and latency) on ADDR.
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<String>,
+    #[command(flatten)]
+    budget: super::budget::BudgetArgs,
 }
 
 pub fn run(a: VirtioArgs) -> Result<ExitCode> {
@@ -72,18 +58,9 @@ pub fn run(a: VirtioArgs) -> Result<ExitCode> {
     if a.thread_pool_size > 1024 {
         bail!("--thread-pool-size {}: at most 1024", a.thread_pool_size);
     }
-    if a.max_nodes == 0 || a.max_handles == 0 {
-        bail!("--max-nodes and --max-handles must be at least 1");
-    }
-    let ttl = Duration::from_millis(a.ttl_ms);
+    let ttl = a.budget.ttl();
     let bopts = iolift_fs::BackendOptions {
-        mirror: MirrorOptions {
-            max_nodes: a.max_nodes,
-            max_handles: a.max_handles,
-            ttl,
-            passthrough: false,
-            writeback: a.writeback,
-        },
+        mirror: a.budget.mirror(false, a.writeback)?,
     };
     let fs = iolift_fs::open_backend(&backend, &bopts).map_err(anyhow::Error::msg)?;
     let vopts = VirtioOptions {
@@ -93,7 +70,7 @@ pub fn run(a: VirtioArgs) -> Result<ExitCode> {
         tag: a.tag.clone(),
         session: SessionOptions {
             writeback_cache: a.writeback,
-            readdirplus: !a.no_readdirplus,
+            readdirplus: !a.budget.no_readdirplus,
             ttl,
             ..SessionOptions::default()
         },
@@ -106,7 +83,7 @@ pub fn run(a: VirtioArgs) -> Result<ExitCode> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
-        let metrics_addr = match &a.metrics {
+        let metrics_addr = match &a.budget.metrics {
             Some(addr) => Some(metrics::spawn(addr).await?),
             None => None,
         };
