@@ -119,6 +119,20 @@ impl Dev {
         }
     }
 
+    /// Appends `n` consecutive blocks from `b` to `out`, in requests of
+    /// at most 1 MiB (the bitmap and the inode table at mount: a few
+    /// requests, not one per block).
+    fn read_area(&self, b: u64, n: u64, out: &mut Vec<u8>) -> io::Result<()> {
+        let per = ((1 << 20) / self.bs).max(1) as u64;
+        let mut at = 0;
+        while at < n {
+            let k = per.min(n - at);
+            out.extend_from_slice(&self.read_run(b + at, k as usize)?);
+            at += k;
+        }
+        Ok(())
+    }
+
     /// Reads `n` consecutive blocks from `b` with one request.
     pub fn read_run(&self, b: u64, n: usize) -> io::Result<AlignedBuf> {
         let len = n * self.bs;
@@ -267,13 +281,13 @@ impl Fs {
             bs: sb.block_size as usize,
         };
         let mut bitmap = Vec::with_capacity(sb.bitmap_blocks as usize * dev.bs);
-        for b in sb.bitmap_start..sb.bitmap_start + sb.bitmap_blocks {
-            bitmap.extend_from_slice(&dev.read(b as u64)?);
-        }
+        dev.read_area(sb.bitmap_start as u64, sb.bitmap_blocks as u64, &mut bitmap)?;
         let mut itable = Vec::with_capacity(sb.itable_blocks as usize * dev.bs);
-        for b in sb.itable_start..sb.data_start {
-            itable.extend_from_slice(&dev.read(b as u64)?);
-        }
+        dev.read_area(
+            sb.itable_start as u64,
+            (sb.data_start - sb.itable_start) as u64,
+            &mut itable,
+        )?;
         let fs = Fs {
             dev,
             sb,
