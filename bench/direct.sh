@@ -53,11 +53,15 @@ fi
 
 # FIG=5: latency in a single-threaded tight loop (HAYAGUI's Figure 5),
 # `iolift accelfs lat`, one request at a time at random offsets aligned to
-# its size (SIZES, default 4K 64K 1M), COUNT requests (default 300) per
+# its size (SIZES, default 4K 64K 1M), COUNT requests (default 200) per
 # cell, read / write / write+sync:
 #   uring    the io_uring engine, O_DIRECT, on an image file (SPAN bytes,
 #            default 64M, written in full first) on this machine's ext4,
 #   posix    pread / pwrite / fdatasync, O_DIRECT, on the same file,
+#   spin     the engine as `uring` with a spinning reaper (--spin-us
+#            SPIN_US): one system call per request to submit, then the
+#            caller reads the completion ring in a loop instead of
+#            sleeping until the completion wakes it,
 #   sqspin   the engine as `uring` with SQPOLL and a spinning reaper
 #            (--sqpoll --spin-us SPIN_US, default 200): no system call
 #            per request while the kernel's polling thread is awake, at
@@ -73,7 +77,7 @@ fi
 # cell's p50 and mean; ratios uring/posix and accelfs/ext4. Needs root.
 if [[ ${FIG:-} == 5 ]]; then
     [[ $(id -u) == 0 ]] || { echo "FIG=5 needs root (losetup, mount)" >&2; exit 1; }
-    SPAN=${SPAN:-64M}; COUNT=${COUNT:-300}; SIZES=${SIZES:-"4K 64K 1M"}; SPIN_US=${SPIN_US:-200}
+    SPAN=${SPAN:-64M}; COUNT=${COUNT:-200}; SIZES=${SIZES:-"4K 64K 1M"}; SPIN_US=${SPIN_US:-200}
     WORK=$(mktemp -d /var/tmp/iolift-lat-bench.XXXXXX)
     MNT=$WORK/ext4; LOOP=
     cleanup5() {
@@ -90,13 +94,14 @@ if [[ ${FIG:-} == 5 ]]; then
     LOOP=$(losetup -f --show --direct-io=on "$WORK/ext4.img")
     mkdir -p "$MNT"; mount "$LOOP" "$MNT"
     head -c "$span_bytes" /dev/zero >"$MNT/lat.dat"; sync
-    PATHS=(uring posix accelfs ext4 sqspin)
+    PATHS=(uring posix accelfs ext4 spin sqspin)
     lat() { # path op bs out
         local p=$1; shift
         local a=(--op "$1" --bs "$2" --count "$COUNT" --span "$SPAN")
         case $p in
         uring) "$IOLIFT" accelfs lat --direct on --io uring "${a[@]}" "$WORK/raw.img" ;;
         posix) "$IOLIFT" accelfs lat --direct on --io posix "${a[@]}" "$WORK/raw.img" ;;
+        spin) "$IOLIFT" accelfs lat --direct on --io uring --spin-us "$SPIN_US" "${a[@]}" "$WORK/raw.img" ;;
         sqspin) "$IOLIFT" accelfs lat --direct on --io uring --sqpoll --spin-us "$SPIN_US" "${a[@]}" "$WORK/raw.img" ;;
         accelfs) "$IOLIFT" accelfs lat --direct on --io accelfs "${a[@]}" "$WORK/accel.img" ;;
         ext4) "$IOLIFT" accelfs lat --direct off --io posix "${a[@]}" "$MNT/lat.dat" ;;
@@ -110,8 +115,8 @@ if [[ ${FIG:-} == 5 ]]; then
     for rep in $(seq 1 "$R"); do
         for bs in $SIZES; do
             for op in read write write-sync; do
-                for i in 0 1 2 3 4; do
-                    p=${PATHS[$(((i + rep) % 5))]}
+                for i in 0 1 2 3 4 5; do
+                    p=${PATHS[$(((i + rep) % 6))]}
                     echo "$p $op $bs $(lat "$p" "$op" "$bs")" >>"$WORK/lat.txt"
                 done
             done
@@ -141,20 +146,24 @@ for op, bs in seen:
           f" {f('accelfs'):>15} {f('ext4'):>15} {v['accelfs'][0] / v['ext4'][0]:>12.2f}x")
 print()
 print("CPU time per request in us (user + system, all threads), medians over repeats")
-print(f"{'op':<11} {'size':>5} {'uring':>9} {'posix':>9} {'uring/posix':>12} {'accelfs':>9} {'ext4':>9} {'sqspin':>9} {'sqspin/posix':>13}")
+print(f"{'op':<11} {'size':>5} {'uring':>9} {'posix':>9} {'uring/posix':>12} {'accelfs':>9} {'ext4':>9} {'spin':>9} {'sqspin':>9}")
 for op, bs in seen:
-    c = {p: med(p, op, bs, 2) for p in ["uring", "posix", "accelfs", "ext4", "sqspin"]}
+    c = {p: med(p, op, bs, 2) for p in ["uring", "posix", "accelfs", "ext4", "spin", "sqspin"]}
     print(f"{op:<11} {bs:>5} {c['uring']:>9.2f} {c['posix']:>9.2f} {c['uring'] / c['posix']:>11.2f}x"
-          f" {c['accelfs']:>9.2f} {c['ext4']:>9.2f} {c['sqspin']:>9.2f} {c['sqspin'] / c['posix']:>12.2f}x")
+          f" {c['accelfs']:>9.2f} {c['ext4']:>9.2f} {c['spin']:>9.2f} {c['sqspin']:>9.2f}")
 print()
-print("SQPOLL + spinning reaper (sqspin) against the plain engine and pread/pwrite: p50 / mean in us")
-print(f"{'op':<11} {'size':>5} {'sqspin':>15} {'sqspin/uring':>13} {'sqspin/posix':>13}")
+print("spinning reaper (spin) and SQPOLL + spinning reaper (sqspin) against pread/pwrite: p50 / mean in us, ratios of p50 and of CPU per request")
+print(f"{'op':<11} {'size':>5} {'spin':>15} {'spin/posix':>11} {'cpu':>7} {'sqspin':>15} {'sqspin/posix':>13} {'cpu':>7}")
 for op, bs in seen:
-    print(f"{op:<11} {bs:>5} {med('sqspin', op, bs, 0):>7.1f}/{med('sqspin', op, bs, 1):<7.1f}"
-          f" {med('sqspin', op, bs, 0) / med('uring', op, bs, 0):>12.2f}x"
-          f" {med('sqspin', op, bs, 0) / med('posix', op, bs, 0):>12.2f}x")
+    row = f"{op:<11} {bs:>5}"
+    for p in ["spin", "sqspin"]:
+        row += (f" {med(p, op, bs, 0):>7.1f}/{med(p, op, bs, 1):<7.1f}"
+                f" {med(p, op, bs, 0) / med('posix', op, bs, 0):>{10 if p == 'spin' else 12}.2f}x"
+                f" {med(p, op, bs, 2) / med('posix', op, bs, 2):>6.2f}x")
+    print(row)
 print()
-for p, what in [("uring", "engine"), ("sqspin", "engine with SQPOLL + spinning reaper")]:
+for p, what in [("uring", "engine"), ("spin", "engine with a spinning reaper"),
+                ("sqspin", "engine with SQPOLL + spinning reaper")]:
     for op in ["read", "write"]:
         if (op, "4K") not in seen:
             continue
