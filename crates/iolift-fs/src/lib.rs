@@ -11,6 +11,7 @@
 
 pub mod fs;
 pub mod kernel;
+pub mod kv;
 pub mod mirror;
 pub mod model;
 pub mod null;
@@ -53,6 +54,8 @@ pub fn open_backend(spec: &str, o: &BackendOptions) -> Result<Arc<dyn FileSystem
             Ok(Arc::new(fs))
         }
         ("mirror", _) => Err("mirror needs a directory: mirror:DIR".into()),
+        ("kv", Some(a)) => Ok(Arc::new(kv::KvFs::open(a, o.mirror.ttl)?)),
+        ("kv", None) => Err(format!("kv needs a store: {}", kv::spec::USAGE)),
         _ => Err(format!(
             "unknown file-system backend {kind:?} (known: null, null:SIZE, mirror:DIR)"
         )),
