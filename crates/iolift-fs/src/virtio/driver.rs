@@ -2,11 +2,15 @@
 //! against any vhost-user-fs daemon (iolift's, QEMU's virtiofsd), so the
 //! daemons' speed can be compared without an emulated guest in the way.
 //! It shares a memfd as "guest memory", sets up the high-priority queue
-//! and one request queue through rust-vmm's vhost-user front-end, and
+//! and one or more request queues (as many as a guest's
+//! `num-request-queues`) through rust-vmm's vhost-user front-end, and
 //! sends FUSE requests on split virtqueues it lays out itself: INIT,
 //! LOOKUP and OPEN of one file, then 4 KiB (or `bs`) reads or writes at
-//! random offsets with `depth` requests in flight, waiting on the call
-//! eventfd for completions.
+//! random offsets with `depth` requests in flight, spread round-robin
+//! over the request queues, waiting on the call eventfds for completions.
+//! With `verify`, each written block carries its own offset (every 8-byte
+//! word is the file offset it lands at) and each block read must be that
+//! pattern or zeros, so a request served at the wrong place shows.
 //!
 //! Memory: the shared region is fixed by the queue size and the depth
 //! (both bounded: depth at most 128, blocks at most 1 MiB).
@@ -39,6 +43,8 @@ pub struct DriveOptions {
     /// The file's size to pick offsets in (a multiple of `bs`).
     pub span: u64,
     pub runtime: Duration,
+    /// Write offset patterns; check what is read (see the module doc).
+    pub verify: bool,
 }
 
 /// What a run measured.
@@ -49,6 +55,21 @@ pub struct DriveResult {
     /// Latency of each request, submission to completion, microseconds.
     pub lat_p50_us: f64,
     pub lat_mean_us: f64,
+    /// Requests completed on each request queue.
+    pub per_queue: Vec<u64>,
+}
+
+/// The largest number of request queues the driver sets up.
+pub const MAX_QUEUES: usize = 16;
+
+/// The block written at `off` with `verify`: each 8-byte word is its own
+/// file offset.
+fn pattern(off: u64, bs: usize, out: &mut Vec<u8>) {
+    out.clear();
+    for i in 0..bs / 8 {
+        out.extend_from_slice(&(off + 8 * i as u64).to_le_bytes());
+    }
+    out.resize(bs, 0);
 }
 
 /// The shared "guest memory": a memfd mapped here, guest address 0.
@@ -177,17 +198,22 @@ impl Ring {
         self.kick.write(1)
     }
 
+    /// Adds the slots the daemon has completed since the last call.
+    fn harvest(&mut self, m: &Shm, out: &mut Vec<usize>) {
+        fence(Ordering::SeqCst);
+        let idx = m.get16(self.used() + 2);
+        while self.used_seen != idx {
+            let e = self.used() + 4 + 8 * (self.used_seen % QSIZE) as usize;
+            out.push(m.get32(e) as usize / 2);
+            self.used_seen = self.used_seen.wrapping_add(1);
+        }
+    }
+
     /// Waits for completions; returns the slots done.
     fn wait(&mut self, m: &Shm, out: &mut Vec<usize>) -> io::Result<()> {
         out.clear();
         loop {
-            fence(Ordering::SeqCst);
-            let idx = m.get16(self.used() + 2);
-            while self.used_seen != idx {
-                let e = self.used() + 4 + 8 * (self.used_seen % QSIZE) as usize;
-                out.push(m.get32(e) as usize / 2);
-                self.used_seen = self.used_seen.wrapping_add(1);
-            }
+            self.harvest(m, out);
             if !out.is_empty() {
                 return Ok(());
             }
@@ -196,18 +222,62 @@ impl Ring {
     }
 }
 
+/// Waits until any of `qs` has completions (at most 10 s without any:
+/// an error); returns the slots done.
+fn wait_any(qs: &mut [Ring], m: &Shm, out: &mut Vec<usize>) -> io::Result<()> {
+    if qs.len() == 1 {
+        return qs[0].wait(m, out);
+    }
+    out.clear();
+    loop {
+        for q in qs.iter_mut() {
+            q.harvest(m, out);
+        }
+        if !out.is_empty() {
+            return Ok(());
+        }
+        let mut fds: Vec<libc::pollfd> = qs
+            .iter()
+            .map(|q| libc::pollfd {
+                fd: q.call.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: fds is a valid array of fds.len() pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 10_000) };
+        if n == 0 {
+            return Err(io::Error::other("no completion on any queue for 10 s"));
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        for (q, f) in qs.iter().zip(&fds) {
+            if f.revents & libc::POLLIN != 0 {
+                q.call.read()?;
+            }
+        }
+    }
+}
+
 /// A connected driver with its file open.
 pub struct Driver {
     _fe: Frontend,
     mem: Shm,
-    q: Ring,
+    /// The request queues (the high-priority queue is set up, not used).
+    qs: Vec<Ring>,
     nodeid: u64,
     fh: u64,
     unique: u64,
 }
 
+/// Where slot `slot`'s request buffer lies (after the rings' areas of
+/// the high-priority queue and at most MAX_QUEUES request queues).
 fn slot_req(slot: usize) -> usize {
-    3 * RING_AREA + slot * SLOT
+    (1 + MAX_QUEUES) * RING_AREA + slot * SLOT
 }
 fn slot_rep(slot: usize) -> usize {
     slot_req(slot) + SLOT / 2
@@ -215,17 +285,21 @@ fn slot_rep(slot: usize) -> usize {
 
 impl Driver {
     /// Connects to the daemon on `socket`, negotiates, sets up the
-    /// queues, INIT, LOOKUP and OPEN of `file` (read-write).
-    pub fn connect(socket: &Path, file: &str, depth: usize) -> io::Result<Driver> {
+    /// high-priority queue and `queues` request queues, INIT, LOOKUP and
+    /// OPEN of `file` (read-write).
+    pub fn connect(socket: &Path, file: &str, depth: usize, queues: usize) -> io::Result<Driver> {
         if !(1..=128).contains(&depth) {
             return Err(io::Error::other("depth: 1 to 128"));
+        }
+        if !(1..=MAX_QUEUES).contains(&queues) {
+            return Err(io::Error::other(format!("queues: 1 to {MAX_QUEUES}")));
         }
         let e = |what: &str| {
             let what = what.to_string();
             move |err: vhost::Error| io::Error::other(format!("vhost-user {what}: {err}"))
         };
-        let mem = Shm::new(3 * RING_AREA + depth.max(1) * SLOT)?;
-        let mut fe = Frontend::connect(socket, 2).map_err(e("connect"))?;
+        let mem = Shm::new(slot_req(depth.max(1)))?;
+        let mut fe = Frontend::connect(socket, 1 + queues as u64).map_err(e("connect"))?;
         fe.set_owner().map_err(e("set_owner"))?;
         let feats = fe.get_features().map_err(e("get_features"))?;
         let pf_bit = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
@@ -235,6 +309,18 @@ impl Driver {
             let pf = fe.get_protocol_features().map_err(e("protocol features"))?;
             fe.set_protocol_features(pf & VhostUserProtocolFeatures::MQ)
                 .map_err(e("set_protocol_features"))?;
+            if queues > 1 {
+                if !pf.contains(VhostUserProtocolFeatures::MQ) {
+                    return Err(io::Error::other("the daemon offers no multi-queue"));
+                }
+                let n = fe.get_queue_num().map_err(e("get_queue_num"))?;
+                if n < 1 + queues as u64 {
+                    return Err(io::Error::other(format!(
+                        "the daemon offers {} request queues, not {queues}",
+                        n.saturating_sub(1)
+                    )));
+                }
+            }
         }
         let region = VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
@@ -245,7 +331,7 @@ impl Driver {
         };
         fe.set_mem_table(&[region]).map_err(e("set_mem_table"))?;
         let mut rings = Vec::new();
-        for qi in 0..2usize {
+        for qi in 0..=queues {
             let r = Ring {
                 base: qi * RING_AREA,
                 avail_idx: 0,
@@ -276,11 +362,11 @@ impl Driver {
             }
             rings.push(r);
         }
-        let q = rings.pop().unwrap();
+        rings.remove(0);
         let mut d = Driver {
             _fe: fe,
             mem,
-            q,
+            qs: rings,
             nodeid: 1,
             fh: 0,
             unique: 0,
@@ -319,15 +405,16 @@ impl Driver {
         r.extend_from_slice(body);
         self.mem.write(slot_req(0), &r);
         let room = 4096u32;
-        self.q.push(
+        let q = &mut self.qs[0];
+        q.push(
             &self.mem,
             0,
             (slot_req(0) as u64, r.len() as u32),
             (slot_rep(0) as u64, room),
         );
-        self.q.kick()?;
+        q.kick()?;
         let mut done = Vec::new();
-        self.q.wait(&self.mem, &mut done)?;
+        q.wait(&self.mem, &mut done)?;
         let mut h = [0u8; OUT_HEADER_LEN];
         self.mem.read(slot_rep(0), &mut h);
         let len = u32::from_le_bytes(h[0..4].try_into().unwrap()) as usize;
@@ -341,7 +428,7 @@ impl Driver {
     }
 
     /// Random `bs` reads or writes of the open file with `depth` in flight
-    /// for `runtime`.
+    /// (slot `s` on request queue `s % queues`) for `runtime`.
     pub fn run(&mut self, o: &DriveOptions) -> io::Result<DriveResult> {
         let bs = o.bs.clamp(512, 1 << 20);
         let blocks = (o.span / bs as u64).max(1);
@@ -353,10 +440,13 @@ impl Driver {
             x
         };
         let depth = o.depth.clamp(1, 128);
-        let data = vec![0x5au8; bs as usize];
+        let nq = self.qs.len();
+        let mut data = vec![0x5au8; bs as usize];
         let mut started = vec![Instant::now(); depth];
+        let mut offs = vec![0u64; depth];
+        let mut per_queue = vec![0u64; nq];
         let mut lats: Vec<u32> = Vec::with_capacity(1 << 20);
-        let submit = |d: &mut Driver, slot: usize, off: u64, started: &mut [Instant]| {
+        let mut submit = |d: &mut Driver, slot: usize, off: u64, started: &mut [Instant]| {
             let opcode = if o.write { op::WRITE } else { op::READ };
             let extra = if o.write { bs as usize } else { 0 };
             let mut r = d.header(opcode, d.nodeid, 40 + extra);
@@ -365,11 +455,14 @@ impl Driver {
             r.extend_from_slice(&bs.to_le_bytes());
             r.extend_from_slice(&[0u8; 20]);
             if o.write {
+                if o.verify {
+                    pattern(off, bs as usize, &mut data);
+                }
                 r.extend_from_slice(&data);
             }
             d.mem.write(slot_req(slot), &r);
             let room = OUT_HEADER_LEN as u32 + if o.write { 8 } else { bs };
-            d.q.push(
+            d.qs[slot % nq].push(
                 &d.mem,
                 slot,
                 (slot_req(slot) as u64, r.len() as u32),
@@ -378,17 +471,23 @@ impl Driver {
             started[slot] = Instant::now();
         };
         let t0 = Instant::now();
-        for s in 0..depth {
-            let off = (rnd() % blocks) * bs as u64;
-            submit(self, s, off, &mut started);
+        for (s, off) in offs.iter_mut().enumerate() {
+            *off = (rnd() % blocks) * bs as u64;
+            submit(self, s, *off, &mut started);
         }
-        self.q.kick()?;
+        for q in &self.qs[..depth.min(nq)] {
+            q.kick()?;
+        }
         let mut done = Vec::new();
+        let mut got = Vec::new();
+        let mut want = Vec::new();
+        let mut kick = vec![false; nq];
         let mut inflight = depth;
         while inflight > 0 {
-            self.q.wait(&self.mem, &mut done)?;
+            wait_any(&mut self.qs, &self.mem, &mut done)?;
             let now = Instant::now();
             let more = now.duration_since(t0) < o.runtime;
+            kick.fill(false);
             for &s in &done {
                 let mut h = [0u8; OUT_HEADER_LEN];
                 self.mem.read(slot_rep(s), &mut h);
@@ -400,20 +499,35 @@ impl Driver {
                         io::Error::from_raw_os_error(-err)
                     )));
                 }
+                if o.verify && !o.write {
+                    got.resize(bs as usize, 0);
+                    self.mem.read(slot_rep(s) + OUT_HEADER_LEN, &mut got);
+                    pattern(offs[s], bs as usize, &mut want);
+                    if got != want && got.iter().any(|&b| b != 0) {
+                        return Err(io::Error::other(format!(
+                            "READ at {}: neither its pattern nor zeros",
+                            offs[s]
+                        )));
+                    }
+                }
+                per_queue[s % nq] += 1;
                 lats.push(
                     now.duration_since(started[s])
                         .as_micros()
                         .min(u32::MAX as u128) as u32,
                 );
                 if more && lats.len() < lats.capacity() {
-                    let off = (rnd() % blocks) * bs as u64;
-                    submit(self, s, off, &mut started);
+                    offs[s] = (rnd() % blocks) * bs as u64;
+                    submit(self, s, offs[s], &mut started);
+                    kick[s % nq] = true;
                 } else {
                     inflight -= 1;
                 }
             }
-            if more {
-                self.q.kick()?;
+            for (q, &k) in self.qs.iter().zip(&kick) {
+                if k {
+                    q.kick()?;
+                }
             }
         }
         let secs = t0.elapsed().as_secs_f64();
@@ -426,6 +540,7 @@ impl Driver {
             secs,
             lat_p50_us: p50,
             lat_mean_us: mean,
+            per_queue,
         })
     }
 }

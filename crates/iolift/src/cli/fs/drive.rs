@@ -38,6 +38,14 @@ pub struct DriveArgs {
     /// How long to run, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     runtime_ms: u64,
+    /// Request queues to set up (the daemon must offer as many, e.g.
+    /// `serve-virtiofs --queues N`); requests are spread round-robin.
+    #[arg(long, default_value_t = 1)]
+    queues: usize,
+    /// Writes carry their own offset in every 8-byte word; reads must find
+    /// that pattern or zeros (else the run fails).
+    #[arg(long)]
+    verify: bool,
 }
 
 pub fn run(a: DriveArgs) -> Result<ExitCode> {
@@ -54,17 +62,20 @@ pub fn run(a: DriveArgs) -> Result<ExitCode> {
         depth: a.iodepth,
         span: a.span,
         runtime: Duration::from_millis(a.runtime_ms),
+        verify: a.verify,
     };
-    let mut d = Driver::connect(&a.socket_path, &a.file, a.iodepth)
+    let mut d = Driver::connect(&a.socket_path, &a.file, a.iodepth, a.queues)
         .with_context(|| format!("driving {}", a.socket_path.display()))?;
     let r = d.run(&o).context("running the requests")?;
+    let per_queue: Vec<String> = r.per_queue.iter().map(u64::to_string).collect();
     println!(
-        "ops={} secs={:.3} iops={:.0} lat_p50_us={:.1} lat_mean_us={:.1}",
+        "ops={} secs={:.3} iops={:.0} lat_p50_us={:.1} lat_mean_us={:.1} per_queue={}",
         r.ops,
         r.secs,
         r.ops as f64 / r.secs.max(1e-9),
         r.lat_p50_us,
-        r.lat_mean_us
+        r.lat_mean_us,
+        per_queue.join(",")
     );
     Ok(ExitCode::SUCCESS)
 }
