@@ -5,7 +5,8 @@
 //! cache per open file, shared by every handle on it. The engine's sync
 //! (`Write::flush` of a log, table or manifest file it writes) is
 //! AccelFS's hard sync: the file's dirty blocks, then its inode, then a
-//! device flush. Closing a file is a soft sync. Renames stay within one
+//! device flush. A closed file stays in memory (handle.rs) and is
+//! soft-synced when dropped or renamed. Renames stay within one
 //! directory (the engine renames only there). Locks are held in this
 //! process; the image itself is locked with flock(2) against a second
 //! process.
@@ -102,17 +103,22 @@ impl AccelEnv {
     /// Soft-syncs every open file, then unmounts (a device flush). Call it
     /// once the database is dropped; later calls fail.
     pub fn unmount(&self) -> io::Result<()> {
+        // Kept closed files included: `kept` holds them, so they upgrade.
+        let open: Vec<_> = self
+            .inner
+            .open
+            .borrow_mut()
+            .drain()
+            .filter_map(|(_, w)| w.upgrade())
+            .collect();
         self.inner.drop_kept();
-        let open: Vec<_> = self.inner.open.borrow_mut().drain().collect();
         let fs = self.inner.fs.borrow_mut().take().ok_or_else(unmounted)?;
         let mut fs = fs;
-        for (_, w) in open {
-            if let Some(s) = w.upgrade() {
-                let mut o = s.borrow_mut();
-                if !o.gone {
-                    fs.sync_soft(&mut o.file)?;
-                    o.gone = true;
-                }
+        for s in open {
+            let mut o = s.borrow_mut();
+            if !o.gone {
+                fs.sync_soft(&mut o.file)?;
+                o.gone = true;
             }
         }
         fs.unmount().map(drop)
@@ -239,11 +245,14 @@ impl Env for AccelEnv {
         let (from, to) = (path_str(from)?, path_str(to)?);
         self.inner
             .with_fs(|fs| {
+                let src = fs.lookup(from)?;
                 if let Ok(st) = fs.stat(to) {
-                    if fs.lookup(from)? != st.ino {
+                    if src != st.ino {
                         self.inner.forget(st.ino);
                     }
                 }
+                // Its bytes on the disk before the new name is.
+                self.inner.sync_if_open(fs, src)?;
                 fs.rename(from, to)
             })
             .map_err(status)

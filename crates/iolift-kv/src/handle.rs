@@ -1,14 +1,20 @@
 //! Open files of [`crate::AccelEnv`]: one AccelFS `File` (with its
 //! buffer cache) per inode, shared by every handle the engine holds on it,
-//! soft-synced when the last handle goes.
+//! and kept after the last handle goes.
 //!
-//! A file whose last handle went keeps its (now clean) cache for a while,
+//! A file whose last handle went keeps its cache, dirty blocks included,
 //! as the host's page cache keeps a closed file's pages: the engine
 //! writes a table, closes it and opens it again to read it, and a table
-//! that falls out of the engine's table cache is opened again later.
-//! Such kept files are dropped, oldest first, once all caches together
-//! hold more than the file system's cache budget, when the file is
-//! removed or replaced, and at unmount.
+//! that falls out of the engine's table cache is opened again later; and
+//! the engine closes its old log and deletes it right after, so a log
+//! that is never synced need never be written. A kept file is
+//! soft-synced (dirty blocks, then its inode) when it is dropped: oldest
+//! first once all caches together hold more than the file system's cache
+//! budget, and at unmount; before it is renamed; never when it is removed
+//! or replaced (its blocks are freed). What the engine syncs is on the
+//! disk as before; what it did not sync may be lost on a crash, as with
+//! any file system's page cache (the kernel's survives a killed process,
+//! this one does not).
 
 use iolift_direct::fs::{File, Fs};
 use rusty_leveldb::env::RandomAccess;
@@ -71,7 +77,7 @@ impl Inner {
         }
     }
 
-    /// Drops every kept closed file (before unmount).
+    /// Forgets every kept closed file (at unmount, after they were synced).
     pub fn drop_kept(&self) {
         self.kept_order.borrow_mut().clear();
         let kept: Vec<_> = self.kept.borrow_mut().drain().collect();
@@ -80,17 +86,31 @@ impl Inner {
         }
     }
 
-    /// Drops kept closed files, oldest first, while all caches together
-    /// hold more than the file system's budget.
-    fn trim(&self, fs: &Fs) {
+    /// Soft-syncs and drops kept closed files, oldest first, while all
+    /// caches together hold more than the file system's budget.
+    fn trim(&self, fs: &mut Fs) -> io::Result<()> {
         while fs.cached_blocks() > fs.cache_budget() {
             let Some(ino) = self.kept_order.borrow_mut().pop_front() else {
-                return;
+                return Ok(());
             };
-            if let Some(s) = self.kept.borrow_mut().remove(&ino) {
+            let kept = self.kept.borrow_mut().remove(&ino);
+            if let Some(s) = kept {
                 self.open.borrow_mut().remove(&ino);
-                drop(s);
+                let mut o = s.borrow_mut();
+                if !o.gone {
+                    fs.sync_soft(&mut o.file)?;
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Soft-syncs the open or kept file of `ino`, if any (before a rename
+    /// makes its name the one the engine reads).
+    pub fn sync_if_open(&self, fs: &mut Fs, ino: u32) -> io::Result<()> {
+        match self.shared(ino) {
+            Some(s) => fs.sync_soft(&mut s.borrow_mut().file),
+            None => Ok(()),
         }
     }
 
@@ -116,7 +136,7 @@ impl Inner {
                 self.kept.borrow_mut().remove(&ino);
                 return Ok(s);
             }
-            self.trim(fs);
+            self.trim(fs)?;
             let s = Rc::new(RefCell::new(OpenFile {
                 file: fs.open(path)?,
                 gone: false,
@@ -202,15 +222,9 @@ impl Drop for Handle {
             return;
         }
         let ino = o.file.ino();
-        // Close: a soft sync. A failure here has no caller to go to; the
-        // data stays unsynced, as after a crash, and the file is not kept.
-        let synced = self.env.with_fs(|fs| fs.sync_soft(&mut o.file));
         drop(o);
-        if synced.is_err() {
-            self.env.open.borrow_mut().remove(&ino);
-            return;
-        }
-        // Kept (clean) for a later open; trimmed to the budget.
+        // Kept, dirty blocks and all, for a later open; synced when it is
+        // dropped (trimmed to the budget below, or at unmount).
         self.env.kept.borrow_mut().insert(ino, self.f.clone());
         {
             let mut order = self.env.kept_order.borrow_mut();
@@ -230,9 +244,11 @@ impl Drop for Handle {
                 *order = v.into();
             }
         }
-        if let Ok(g) = self.env.fs.try_borrow() {
-            if let Some(fs) = g.as_ref() {
-                self.env.trim(fs);
+        if let Ok(mut g) = self.env.fs.try_borrow_mut() {
+            if let Some(fs) = g.as_mut() {
+                // A failure here has no caller to go to; that file's
+                // unsynced data stays unsynced, as after a crash.
+                let _ = self.env.trim(fs);
             }
         }
     }

@@ -127,3 +127,72 @@ fn closed_files_keep_their_caches_within_the_budget() {
     );
     e.unmount().unwrap();
 }
+
+fn ops(e: &AccelEnv) -> u64 {
+    e.with_fs(|fs| Ok(fs.engine().stats().ops)).unwrap()
+}
+
+fn size_on_disk(e: &AccelEnv, name: &str) -> u64 {
+    e.with_fs(|fs| fs.stat(name).map(|s| s.size)).unwrap()
+}
+
+/// A closed file that was never synced is written only when it has to be:
+/// not at all when it is removed first (the engine's old log), before a
+/// rename (the engine's CURRENT), at unmount otherwise.
+#[test]
+fn unsynced_closed_files_are_written_only_when_needed() {
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("kv.img");
+    let e = env(&img);
+    e.mkdir(Path::new("/db")).unwrap();
+    let unsynced = |name: &str, i: usize| {
+        let mut w = e.open_writable_file(Path::new(name)).unwrap();
+        w.write_all(&data(i)).unwrap();
+    };
+    // Closed and removed: no data block written.
+    let before = ops(&e);
+    unsynced("/db/log", 1);
+    e.delete(Path::new("/db/log")).unwrap();
+    let spent = ops(&e) - before;
+    assert!(
+        spent < 10,
+        "{spent} requests to create, close and remove a 20-block file"
+    );
+    // Renamed: its bytes and size are on the disk before the new name.
+    unsynced("/db/tmp", 2);
+    assert_eq!(size_on_disk(&e, "/db/tmp"), 0, "closed, not yet synced");
+    e.rename(Path::new("/db/tmp"), Path::new("/db/CURRENT"))
+        .unwrap();
+    assert_eq!(size_on_disk(&e, "/db/CURRENT"), (20 * BS) as u64);
+    // Left closed and unsynced: written at unmount, there after a remount.
+    unsynced("/db/last", 3);
+    e.unmount().unwrap();
+    let t = Target::open(&img, &Open::default()).unwrap();
+    let cfg = Config {
+        inline: true,
+        ..Config::default()
+    };
+    let e2 = AccelEnv::new(
+        Fs::mount(Engine::new(t, cfg).unwrap()).unwrap(),
+        &EnvConfig::default(),
+        None,
+    );
+    assert!(
+        read_all(&e2, "/db/last", 20 * BS) == data(3),
+        "/db/last after remount"
+    );
+    assert!(
+        read_all(&e2, "/db/CURRENT", 20 * BS) == data(2),
+        "/db/CURRENT after remount"
+    );
+    assert!(!e2.exists(Path::new("/db/log")).unwrap());
+    let r = e2
+        .with_fs(|fs| Ok(iolift_direct::fs::fsck::fsck(fs)))
+        .unwrap();
+    assert!(
+        r.is_consistent() && r.leaked_blocks.is_empty(),
+        "fsck: {:?}",
+        r.errors
+    );
+    e2.unmount().unwrap();
+}

@@ -78,6 +78,10 @@ struct StoreArgs {
     /// A kernel thread polls the engine's submission queue.
     #[arg(long)]
     sqpoll: bool,
+    /// Spin on the engine's completion ring this many microseconds before
+    /// sleeping in the kernel (0: sleep at once; a busy CPU meanwhile).
+    #[arg(long = "spin_us", default_value_t = 0)]
+    spin_us: u32,
     /// AccelFS cache blocks per open file (2 MiB at 8 KiB blocks: one
     /// table file).
     #[arg(long = "cache_blocks", default_value_t = iolift_kv::KV_CACHE_BLOCKS)]
@@ -235,6 +239,7 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
         sqpoll: a.sqpoll.then_some(1000),
         // AccelFS waits for every request: no engine thread.
         inline: true,
+        spin_us: a.spin_us,
         ..Config::default()
     };
     let eng = Engine::new(t, cfg)?;
