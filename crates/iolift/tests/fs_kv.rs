@@ -336,10 +336,27 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
         );
     }
     assert_eq!(rsync_diff(&s, &d), "", "rsync -c after remount");
+    // A listing longer than one page of the index (1024 keys) and than
+    // one kernel buffer: every name once, in key order.
+    let mut want: Vec<String> = listed.clone();
+    for i in 0..1500 {
+        let n = format!("many-{i:04}");
+        fs::write(m.p(&n), i.to_string()).unwrap();
+        want.push(n);
+    }
+    want.sort();
+    let mut got: Vec<String> = fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got.len(), want.len(), "entries listed");
+    assert!(got == want, "the listing differs from the names created");
     // Deleting everything leaves no data objects behind.
-    for n in &listed {
+    for n in &want {
         fs::remove_file(m.p(n)).unwrap();
     }
+    assert_eq!(fs::read_dir(&mnt).unwrap().count(), 0);
     drop(m);
     let objs = rados(&conf, &["ls"]).stdout;
     let left: Vec<&str> = objs

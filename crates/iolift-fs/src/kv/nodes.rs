@@ -101,3 +101,49 @@ impl Table {
         Some(n.opens == 0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn meta(id: u64) -> Meta {
+        Meta {
+            id,
+            size: 10,
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_unlinked_files_wait_for_their_last_close() {
+        let mut t = Table::default();
+        let a = OsStr::new("a");
+        assert_eq!(t.add_ref(a, meta(20), 1, 2).unwrap().id, 20);
+        // A second lookup of a held file counts, whatever the index says.
+        assert_eq!(t.add_ref(a, meta(20), 1, 2).unwrap().size, 10);
+        assert_eq!(t.nodes[&20].lookups, 2);
+        t.add_ref(OsStr::new("b"), meta(21), 1, 2).unwrap();
+        assert_eq!(
+            t.add_ref(OsStr::new("c"), meta(22), 1, 2),
+            Err(Errno::ENFILE)
+        );
+        // Open and unlinked: the data stays until the last close.
+        t.nodes.get_mut(&20).unwrap().opens = 1;
+        assert_eq!(t.unlinked(a), Some(false));
+        assert!(t.by_name(a).is_none());
+        assert_eq!(t.unlinked(OsStr::new("b")), Some(true));
+        assert_eq!(t.unlinked(OsStr::new("zz")), None);
+        t.nodes.get_mut(&20).unwrap().lookups = 0;
+        t.maybe_drop(20);
+        assert!(t.nodes.contains_key(&20), "still open");
+        t.nodes.get_mut(&20).unwrap().opens = 0;
+        t.maybe_drop(20);
+        assert!(!t.nodes.contains_key(&20));
+    }
+}
