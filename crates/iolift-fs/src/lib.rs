@@ -14,6 +14,7 @@ pub mod kernel;
 pub mod kv;
 pub mod mirror;
 pub mod model;
+pub mod nfs;
 pub mod null;
 pub mod stats;
 pub mod virtio;
@@ -54,6 +55,16 @@ pub fn open_backend(spec: &str, o: &BackendOptions) -> Result<Arc<dyn FileSystem
             Ok(Arc::new(fs))
         }
         ("mirror", _) => Err("mirror needs a directory: mirror:DIR".into()),
+        // The mirror's node and handle budgets apply to nfs too.
+        ("nfs", Some(_)) => Ok(Arc::new(nfs::NfsFs::open(
+            spec,
+            nfs::NfsOptions {
+                max_nodes: o.mirror.max_nodes,
+                max_handles: o.mirror.max_handles,
+                ttl: o.mirror.ttl,
+                ..nfs::NfsOptions::default()
+            },
+        )?)),
         ("kv", Some(a)) => Ok(Arc::new(kv::KvFs::open(a, o.mirror.ttl)?)),
         ("kv", None) => Err(format!("kv needs a store: {}", kv::spec::USAGE)),
         _ => Err(format!(
@@ -93,10 +104,10 @@ mod tests {
             .err()
             .unwrap()
             .contains("/nonexistent/dir"));
-        assert!(open_backend("nfs://h/e", &o)
+        assert!(open_backend("nfs://h", &o)
             .err()
             .unwrap()
-            .contains("unknown"));
+            .contains("nfs://HOST/EXPORT"));
         assert_eq!(parse_size("1G"), Some(1 << 30));
         assert_eq!(parse_size("99999999999T"), None);
     }
