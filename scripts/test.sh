@@ -48,6 +48,7 @@ PACKAGES=(
     libnfs13        # the fs nfs backend: libnfs loaded at run time (tests/fs_nfs)
     nfs-ganesha     # tests/fs_nfs, bench/fs-nfs.sh: the user-space NFSv4 server
     nfs-ganesha-vfs # its VFS backend, exporting a local directory
+    rpcbind         # tests/fs_nfs, bench/fs-nfs.sh: ganesha registers its NFSv3 service there
 )
 # ---------------------------------------------------------------------------
 
