@@ -11,7 +11,7 @@
 //! `wb.rs` (the write-back stripe buffer), `bitmap.rs` (the write-intent
 //! bitmap and resync), `journal.rs` (replay after a crash), `rebuild.rs`
 //! (rebuild and check), `gpu.rs` (encoding on the offload engine),
-//! `metrics.rs`.
+//! `meta.rs` (crc-table pages written at a flush), `metrics.rs`.
 //! See docs/ec-device.md for the layout, the crash rule and the budgets.
 
 use super::{BackendSpec, Kind, OptHelp};
@@ -28,6 +28,7 @@ mod io;
 mod join;
 mod journal;
 pub mod layout;
+mod meta;
 mod metrics;
 mod open;
 mod read;
@@ -130,6 +131,12 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "most memory the crc table may take (4 bytes per 4K of every child)",
     },
     OptHelp {
+        name: "crc_dirty",
+        kind: Kind::Size,
+        default: "1M",
+        help: "with the bitmap: most bytes of crc-table pages changed in memory before they are written (else at a flush)",
+    },
+    OptHelp {
         name: "name",
         kind: Kind::Label,
         default: "number",
@@ -154,6 +161,7 @@ pub struct Config {
     pub wb: u64,
     pub auto_rebuild: bool,
     pub crc_mem: u64,
+    pub crc_dirty: u64,
     pub name: Option<String>,
     /// Column ranges are multiples of this (4K, or the codec's block).
     pub unit: u64,
@@ -248,6 +256,7 @@ pub fn parse(s: &BackendSpec) -> Result<Config> {
         wb: o.size("wb", 16 << 20)?,
         auto_rebuild: o.choice("rebuild", &["auto", "off"], "auto")? == "auto",
         crc_mem: o.size("crc_mem", 256 << 20)?,
+        crc_dirty: o.size("crc_dirty", 1 << 20)?,
         name: o.label("name")?,
         unit,
     })
@@ -317,6 +326,8 @@ pub struct Inner {
     pub bitmap_ok: AtomicBool,
     pub intent: bitmap::Intent,
     pub wb: wb::Wb,
+    /// crc-table pages set in memory, not yet on the children (bitmap mode).
+    pub meta_dirty: meta::Dirty,
 }
 
 impl Inner {

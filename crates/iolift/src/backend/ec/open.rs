@@ -5,7 +5,7 @@
 
 use super::layout::{Found, Geometry, Super};
 use super::wb::Wb;
-use super::{bitmap, metrics, Child, Config, Inner, FAILED, HEALTHY};
+use super::{bitmap, meta, metrics, Child, Config, Inner, FAILED, HEALTHY};
 use crate::block::{BlockDevExt, Errno, Flags, Request};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -97,6 +97,7 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
         bitmap_ok: AtomicBool::new(false),
         intent: bitmap::Intent::new(1, 1, 1),
         wb: Wb::new(cfg.wb),
+        meta_dirty: meta::Dirty::new(0, 0, cfg.crc_dirty),
     };
     let mut found = Vec::with_capacity(n);
     for c in 0..n {
@@ -139,6 +140,11 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
         );
     }
     load_crcs(&mut inner, cfg.crc_mem).await?;
+    inner.meta_dirty = meta::Dirty::new(
+        n,
+        inner.geo.stripes * inner.geo.blocks_per_chunk(),
+        cfg.crc_dirty,
+    );
     let inner = Arc::new(inner);
     // the failed set as found (a child that failed to open, a new child)
     inner.persist_super().await;

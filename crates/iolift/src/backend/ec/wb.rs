@@ -29,6 +29,10 @@ pub type Piece = (usize, u64, Bytes);
 const MAX_PIECES: usize = 64;
 /// A stripe without a new piece for this long is written out.
 pub const IDLE: Duration = Duration::from_millis(100);
+/// Stripes completed in the buffer that are written at once in the
+/// background (each holds its pieces and parity, at most (k+m) x chunk);
+/// beyond this the request that completes a stripe writes it itself.
+pub const BACKGROUND: usize = 4;
 
 struct Entry {
     pieces: Vec<Piece>,
@@ -43,6 +47,9 @@ struct Entry {
 struct State {
     map: HashMap<u64, Entry>,
     bytes: u64,
+    /// Stripe-lock slots whose holder took buffered pieces out and has not
+    /// written them yet (a flush waits for them), with how many.
+    busy: HashMap<u64, u32>,
 }
 
 /// What [`Wb::put`] did.
@@ -59,6 +66,8 @@ pub struct Wb {
     state: Mutex<State>,
     /// Stripes held (read without the lock, to skip it when empty).
     held: AtomicUsize,
+    /// Background writes of completed stripes running.
+    background: AtomicUsize,
 }
 
 impl Wb {
@@ -67,6 +76,7 @@ impl Wb {
             budget,
             state: Mutex::new(State::default()),
             held: AtomicUsize::new(0),
+            background: AtomicUsize::new(0),
         }
     }
 
@@ -122,8 +132,9 @@ impl Wb {
     }
 
     /// Takes stripe `s`'s pieces out (oldest first); the caller holds the
-    /// stripe's exclusive lock and writes them.
-    pub fn take(&self, s: u64) -> Vec<Piece> {
+    /// stripe's exclusive lock (`slot`), writes them, then calls
+    /// [`Wb::written`] if there were any.
+    pub fn take(&self, s: u64, slot: u64) -> Vec<Piece> {
         if self.held.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
@@ -132,21 +143,49 @@ impl Wb {
             return Vec::new();
         };
         st.bytes -= e.bytes;
+        *st.busy.entry(slot).or_insert(0) += 1;
         self.held.store(st.map.len(), Ordering::Release);
         e.pieces
+    }
+
+    /// Counts one more background stripe write, if fewer than
+    /// [`BACKGROUND`] run; pair with [`Wb::background_end`].
+    pub fn background_start(&self) -> bool {
+        self.background
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < BACKGROUND).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    pub fn background_end(&self) {
+        self.background.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The pieces taken from `slot` are written (or given up).
+    pub fn written(&self, slot: u64) {
+        let mut st = self.st();
+        if let Some(n) = st.busy.get_mut(&slot) {
+            *n -= 1;
+            if *n == 0 {
+                st.busy.remove(&slot);
+            }
+        }
+    }
+
+    /// For a flush, at one instant: the stripes held, and the slots whose
+    /// holders are writing buffered pieces taken out earlier.
+    pub fn snapshot(&self) -> (Vec<u64>, Vec<u64>) {
+        let st = self.st();
+        (
+            st.map.keys().copied().collect(),
+            st.busy.keys().copied().collect(),
+        )
     }
 
     /// Whether stripe `s` has pieces here.
     pub fn has(&self, s: u64) -> bool {
         self.held.load(Ordering::Acquire) != 0 && self.st().map.contains_key(&s)
-    }
-
-    /// Every stripe held.
-    pub fn stripes(&self) -> Vec<u64> {
-        if self.held.load(Ordering::Acquire) == 0 {
-            return Vec::new();
-        }
-        self.st().map.keys().copied().collect()
     }
 
     /// Stripes without a new piece for `idle`.

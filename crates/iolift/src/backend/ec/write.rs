@@ -18,7 +18,13 @@
 //!    with the journal: each taking part child (changed data chunks and
 //!    every parity chunk) gets header + new columns in its journal slot
 //!    `s % slots`; all of them complete before step 4;
-//! 4. in place: the same columns at the chunk, their crcs in the table.
+//! 4. in place: the same columns at the chunk, their crcs in the table
+//!    (with the bitmap, in memory; the table pages are written at the
+//!    next flush, meta.rs).
+//!
+//! A stripe the buffer completes is written on a thread of the blocking
+//! pool (at most `wb::BACKGROUND` at once), so that the request's thread
+//! goes on receiving; a flush waits for those writes.
 //!
 //! After a crash an update whose journal entries are all there is
 //! written again (journal.rs); one whose entries are not all there never
@@ -26,15 +32,19 @@
 //! is resynced (bitmap.rs). See docs/ec-device.md.
 
 use super::join::{join_all, Fut};
-use super::layout::{crcs, JHeader, BLOCK};
+use super::layout::{block_crc, crcs, JHeader, BLOCK};
 use super::wb::{Piece, Put};
 use super::Inner;
 use crate::block::Errno;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Bytes zeroed per stripe-write round by write-zeroes.
 const ZERO_PIECE: u64 = 8 << 20;
+/// Columns encoded and checksummed per pass (then the next tile): the
+/// k + m column tiles stay in the first-level caches.
+const TILE: usize = 16 << 10;
 
 /// Whether `pieces` cover columns `[lo, hi)` of chunk `c` (together).
 fn covers(pieces: &[Piece], c: usize, lo: u64, hi: u64) -> bool {
@@ -56,7 +66,7 @@ fn covers(pieces: &[Piece], c: usize, lo: u64, hi: u64) -> bool {
 
 impl Inner {
     /// A write of `data` at `off`; with `fua`, stable when it completes.
-    pub async fn write(&self, off: u64, data: Bytes, fua: bool) -> Result<(), Errno> {
+    pub async fn write(self: &Arc<Self>, off: u64, data: Bytes, fua: bool) -> Result<(), Errno> {
         self.check_alive()?;
         let pieces = self.pieces(off, data.len() as u64);
         let mut stripes: Vec<(u64, Vec<Piece>)> = Vec::new();
@@ -92,7 +102,12 @@ impl Inner {
     }
 
     /// Zeroes `[off, off + len)` by writing zeroes, a piece at a time.
-    pub async fn write_zeroes(&self, off: u64, len: u64, fua: bool) -> Result<(), Errno> {
+    pub async fn write_zeroes(
+        self: &Arc<Self>,
+        off: u64,
+        len: u64,
+        fua: bool,
+    ) -> Result<(), Errno> {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(ZERO_PIECE);
@@ -107,12 +122,24 @@ impl Inner {
     }
 
     /// Puts `pieces` of stripe `s` in the write-back buffer, writing the
-    /// stripe if that completes it, and first another one if the budget
-    /// needs room (or `pieces` now, if room cannot be made).
-    async fn write_buffered(&self, s: u64, pieces: Vec<Piece>) -> Result<(), Errno> {
+    /// stripe if that completes it (on a thread of the blocking pool while
+    /// fewer than `wb::BACKGROUND` such writes run, so that the request
+    /// thread goes on receiving; else here), and first another one if the
+    /// budget needs room (or `pieces` now, if room cannot be made).
+    async fn write_buffered(self: &Arc<Self>, s: u64, pieces: Vec<Piece>) -> Result<(), Errno> {
         for _ in 0..3 {
             match self.wb.put(s, &pieces, self.geo.chunk, self.geo.k as u64) {
                 Put::Held(None) => return Ok(()),
+                Put::Held(Some(x)) if self.wb.background_start() => {
+                    let (me, rt) = (self.clone(), tokio::runtime::Handle::current());
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = rt.block_on(me.write_stripe(x, Vec::new())) {
+                            tracing::warn!("ec: writing buffered stripe {x}: {e:?}");
+                        }
+                        me.wb.background_end();
+                    });
+                    return Ok(());
+                }
                 Put::Held(Some(x)) => return self.write_stripe(x, Vec::new()).await,
                 Put::Full(Some(victim)) => self.write_stripe(victim, Vec::new()).await?,
                 Put::Full(None) => break,
@@ -130,11 +157,18 @@ impl Inner {
         join_all(futs).await.into_iter().collect()
     }
 
-    /// Writes the buffer out, flushes every child that takes writes, then
-    /// clears the bitmap bits of regions that were quiet.
+    /// Writes the buffer out (and waits for buffered stripes other tasks
+    /// are writing), writes the crc-table pages changed in memory, flushes
+    /// every child that takes writes, then clears the bitmap bits of
+    /// regions that were quiet.
     pub async fn flush(&self) -> Result<(), Errno> {
-        self.drain(self.wb.stripes()).await?;
+        let (held, busy) = self.wb.snapshot();
+        self.drain(held).await?;
+        for slot in busy {
+            drop(self.locks[slot as usize].read().await);
+        }
         let quiet = self.intent_flush_start();
+        self.write_dirty_meta().await;
         let futs: Vec<Fut<'_, Result<(), Errno>>> = (0..self.n())
             .filter(|&c| self.writable(c))
             .map(|c| Box::pin(self.child_flush(c)) as Fut<'_, Result<(), Errno>>)
@@ -150,12 +184,17 @@ impl Inner {
     pub async fn write_stripe(&self, s: u64, new: Vec<Piece>) -> Result<(), Errno> {
         let slot = s % self.geo.slots;
         let _g = self.locks[slot as usize].write().await;
-        let mut pieces = self.wb.take(s);
+        let mut pieces = self.wb.take(s, slot);
+        let buffered = !pieces.is_empty();
         pieces.extend(new);
         if pieces.is_empty() {
             return Ok(());
         }
-        self.update(s, slot, &pieces).await
+        let r = self.update(s, slot, &pieces).await;
+        if buffered {
+            self.wb.written(slot);
+        }
+        r
     }
 
     /// Steps 2 to 4 of one stripe's update (the caller holds its lock).
@@ -177,36 +216,54 @@ impl Inner {
         } else {
             self.read_cols(s, lo, hi, &old_of).await?
         };
-        let mut stripe = vec![0u8; k * len];
-        for (&c, b) in old_of.iter().zip(&old) {
-            stripe[c * len..(c + 1) * len].copy_from_slice(b);
+        // each data chunk's columns: a piece's own bytes when one piece
+        // covers them exactly (no copy), else old columns and pieces laid
+        // over them in order
+        let mut old = old.into_iter();
+        let mut data: Vec<Bytes> = Vec::with_capacity(k);
+        for c in 0..k {
+            let mine: Vec<&Piece> = pieces.iter().filter(|p| p.0 == c).collect();
+            let was = if old_of.contains(&c) {
+                old.next()
+            } else {
+                None
+            };
+            match (mine.as_slice(), was) {
+                ([p], _) if p.1 == lo && p.2.len() == len => data.push(p.2.clone()),
+                ([], Some(b)) => data.push(b),
+                (mine, was) => {
+                    let mut b = match was {
+                        Some(b) => BytesMut::from(&b[..]),
+                        None => BytesMut::zeroed(len),
+                    };
+                    for p in mine {
+                        let at = (p.1 - lo) as usize;
+                        b[at..at + p.2.len()].copy_from_slice(&p.2);
+                    }
+                    data.push(b.freeze());
+                }
+            }
         }
-        for (c, col, b) in pieces {
-            let at = c * len + (col - lo) as usize;
-            stripe[at..at + b.len()].copy_from_slice(b);
-        }
-        let parity = Bytes::from(self.encode(stripe.as_slice(), len).await?);
-        let stripe = Bytes::from(stripe);
         let mut parts: Vec<usize> = (0..k)
             .filter(|c| pieces.iter().any(|p| p.0 == *c))
             .collect();
         parts.extend(k..k + m);
         parts.retain(|&c| self.writable(c));
+        let (parity, sums) = self.encode(&data, len, &parts).await?;
         let cols = |c: usize| -> Bytes {
             if c < k {
-                stripe.slice(c * len..(c + 1) * len)
+                data[c].clone()
             } else {
-                parity.slice((c - k) * len..(c - k + 1) * len)
+                parity[c - k].clone()
             }
         };
-        let sums: Vec<Vec<u32>> = parts.iter().map(|&c| crcs(&cols(c))).collect();
         if self.use_journal() {
             self.journal_write(s, slot, lo, hi, &parts, &sums, &cols)
                 .await?;
-            self.in_place(s, lo, &parts, &sums, &cols).await;
+            self.in_place(s, lo, &parts, &sums, &cols, false).await;
         } else {
             self.intent_begin(s).await;
-            self.in_place(s, lo, &parts, &sums, &cols).await;
+            self.in_place(s, lo, &parts, &sums, &cols, true).await;
             self.intent_end(s);
         }
         self.metrics.stripe_writes.fetch_add(1, Ordering::Relaxed);
@@ -262,7 +319,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Step 4: the columns at the chunks, then their crcs.
+    /// Step 4: the columns at the chunks, then their crcs: written to the
+    /// children now, or with `defer` (the bitmap) set in memory and
+    /// written at the next flush (meta.rs).
     async fn in_place(
         &self,
         s: u64,
@@ -270,6 +329,7 @@ impl Inner {
         parts: &[usize],
         sums: &[Vec<u32>],
         cols: &(dyn Fn(usize) -> Bytes + Sync),
+        defer: bool,
     ) {
         let futs: Vec<Fut<'_, ()>> = parts
             .iter()
@@ -283,7 +343,11 @@ impl Inner {
                         .await
                         .is_ok()
                     {
-                        self.write_meta(c, s, lo, sum).await;
+                        if defer {
+                            self.defer_meta(c, s, lo, sum).await;
+                        } else {
+                            self.write_meta(c, s, lo, sum).await;
+                        }
                     }
                 }) as Fut<'_, ()>
             })
@@ -291,24 +355,57 @@ impl Inner {
         join_all(futs).await;
     }
 
-    /// The m parity column ranges of `stripe` (k column ranges of `len`
-    /// bytes, back to back), on the offload engine for whole chunks when
-    /// `device=gpu`, else on this thread.
-    async fn encode(&self, stripe: &[u8], len: usize) -> Result<Vec<u8>, Errno> {
+    /// The m parity column ranges of the k data column ranges `data` (each
+    /// `len` bytes), and the block crcs of the chunks `parts`, in `parts`'
+    /// order. On the CPU both are done in one pass, a tile of columns at a
+    /// time while it is in cache; with `device=gpu`, whole chunks are
+    /// encoded on the offload engine.
+    async fn encode(
+        &self,
+        data: &[Bytes],
+        len: usize,
+        parts: &[usize],
+    ) -> Result<(Vec<Bytes>, Vec<Vec<u32>>), Errno> {
         let (k, m) = (self.geo.k, self.geo.m);
         if let Some(g) = &self.gpu {
             if len as u64 == self.geo.chunk {
                 self.metrics.offloaded.fetch_add(1, Ordering::Relaxed);
-                return g.encode(stripe).await;
+                let stripe: Vec<u8> = data.iter().flat_map(|d| d.iter().copied()).collect();
+                let p = Bytes::from(g.encode(&stripe).await?);
+                let parity: Vec<Bytes> = (0..m).map(|j| p.slice(j * len..(j + 1) * len)).collect();
+                let sums = parts
+                    .iter()
+                    .map(|&c| crcs(if c < k { &data[c] } else { &parity[c - k] }))
+                    .collect();
+                return Ok((parity, sums));
             }
         }
-        let mut parity = vec![0u8; m * len];
-        let srcs: Vec<&[u8]> = stripe.chunks(len).take(k).collect();
-        let mut outs: Vec<&mut [u8]> = parity.chunks_mut(len).collect();
-        self.codec.encode(&srcs, &mut outs).map_err(|e| {
-            tracing::error!("ec: encode failed: {e}");
-            Errno::EIO
-        })?;
-        Ok(parity)
+        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; len]; m];
+        let mut sums: Vec<Vec<u32>> = parts
+            .iter()
+            .map(|_| Vec::with_capacity(len / BLOCK as usize))
+            .collect();
+        let unit = self.unit as usize;
+        let tile = (TILE / unit).max(1) * unit;
+        let mut x = 0;
+        while x < len {
+            let t = tile.min(len - x);
+            let srcs: Vec<&[u8]> = data.iter().map(|d| &d[x..x + t]).collect();
+            let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[x..x + t]).collect();
+            self.codec.encode(&srcs, &mut outs).map_err(|e| {
+                tracing::error!("ec: encode failed: {e}");
+                Errno::EIO
+            })?;
+            for (&c, sum) in parts.iter().zip(sums.iter_mut()) {
+                let b = if c < k {
+                    &data[c][x..x + t]
+                } else {
+                    &parity[c - k][x..x + t]
+                };
+                sum.extend(b.chunks(BLOCK as usize).map(block_crc));
+            }
+            x += t;
+        }
+        Ok((parity.into_iter().map(Bytes::from).collect(), sums))
     }
 }
