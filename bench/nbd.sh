@@ -153,4 +153,16 @@ for job, key, want, ok in t:
     print("  %-22s %-14s ratio %-5s %-8s want %s  [alt %s]" % (
         job, key, "-" if x is None else "%.2f" % x,
         "MET" if x is not None and ok(x) else "not met", want, "-" if a is None else "%.2f" % a))
+# The default (adaptive poll, judged by its own result) must not be worse
+# than alt (by default --poll-us 0): IOPS >= 0.95x alt's, QD1 p50 and p99
+# <= 1.05x (5% for the noise of alternating runs).
+if any(r(j, "iops", "iolift_over_alt") for j in s):
+    print("default vs alt (iolift / alt; want IOPS >= 0.95, latency <= 1.05):")
+    for job in ("randread_4k_qd1", "randwrite_4k_qd1", "randread_4k_qd32", "randwrite_4k_qd32"):
+        for key in ("iops", "p50_us", "p99_us") if job.endswith("qd1") else ("iops",):
+            v = r(job, key, "iolift_over_alt")
+            if v is None:
+                continue
+            ok = v >= 0.95 if key == "iops" else v <= 1.05
+            print("  %-22s %-14s %.2f  %s" % (job, key, v, "MET" if ok else "not met"))
 EOF

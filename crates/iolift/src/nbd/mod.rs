@@ -35,6 +35,7 @@ mod adapt;
 pub mod coalesce;
 pub mod conn;
 mod handshake;
+mod judge;
 pub mod poll;
 mod poll_stats;
 pub mod proto;

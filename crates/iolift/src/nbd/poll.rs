@@ -35,6 +35,7 @@
 //! connection.
 
 use super::adapt::{Controller, PollSample, Verdict};
+use super::judge::{Judge, Mode};
 use super::poll_stats::{PollState, PollStats};
 use super::sysload::{LoadSampler, ThreadUsage};
 use std::io;
@@ -128,6 +129,12 @@ pub struct Polled<R> {
     budget: Duration,
     /// Adaptive mode's controller, and the machine's load it reads.
     auto: Option<(Controller, Arc<LoadSampler>)>,
+    /// Adaptive mode: whether polling shortens this connection's request
+    /// cycles (`nbd/judge.rs`); the controller is asked only in its
+    /// polled windows.
+    judge: Option<Judge>,
+    /// Probes of the judge already shown in the metrics.
+    probes_seen: u64,
     /// What the metrics show of this connection's polling.
     stats: Arc<PollStats>,
     spin: bool,
@@ -166,12 +173,15 @@ impl<R> Polled<R> {
             PollMode::Fixed(b) => (b.min(MAX_POLL), None),
             PollMode::Auto => (Duration::ZERO, Some((Controller::new(), load))),
         };
+        let judge = auto.is_some().then(Judge::new);
         let stats = Arc::new(PollStats::default());
         stats.set(initial_state(mode), budget.as_micros() as u64);
         Polled {
             inner,
             budget,
             auto,
+            judge,
+            probes_seen: 0,
             stats,
             spin: true,
             gap: Duration::ZERO,
@@ -222,6 +232,12 @@ impl<R> Polled<R> {
                 (PollState::Backoff, None)
             }
         };
+        if budget.is_none() {
+            // A polled window's cycle that does not poll: not counted.
+            if let Some(j) = &mut self.judge {
+                j.void();
+            }
+        }
         self.stats
             .set(state, budget.map_or(0, |b| b.as_micros() as u64));
         budget
@@ -236,7 +252,12 @@ impl<R> Polled<R> {
         budget: Duration,
     ) -> Option<io::Result<()>> {
         let gate = self.gate.clone();
-        let _ticket = gate.enter()?;
+        let Some(_ticket) = gate.enter() else {
+            if let Some(j) = &mut self.judge {
+                j.void();
+            }
+            return None;
+        };
         self.polls += 1;
         let u0 = self.auto.is_some().then(ThreadUsage::now);
         let t0 = Instant::now();
@@ -316,6 +337,24 @@ impl<R> Polled<R> {
         self.spin = spin;
         self.boundary = true;
         self.waiting = None;
+        if let Some(j) = &mut self.judge {
+            if spin {
+                let m = j.start(Instant::now());
+                if j.probes() != self.probes_seen {
+                    self.probes_seen = j.probes();
+                    if let Some(r) = j.last_probe() {
+                        self.stats.probed(r);
+                    }
+                }
+                if m == Mode::Unpolled {
+                    // Waits as with `--poll-us 0`, receive for receive.
+                    self.follow = None;
+                    self.stats.set(PollState::Unpolled, 0);
+                }
+            } else {
+                j.void();
+            }
+        }
         if !spin {
             self.follow = None;
         }
@@ -383,7 +422,9 @@ impl<R: AsyncRead + RawSocket + Unpin> AsyncRead for Polled<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
-        let off = me.budget.is_zero() && me.auto.is_none();
+        // Off: `--poll-us 0`, or an unpolled window of the judge's.
+        let off =
+            me.budget.is_zero() && me.judge.as_ref().is_none_or(|j| j.mode() == Mode::Unpolled);
         if !me.boundary && buf.remaining() > 0 {
             if let Some(b) = me.follow {
                 return me.read_rest(cx, buf, b.min(FOLLOW_MAX));

@@ -17,6 +17,7 @@
 //! ```
 
 use super::adapt::Reason;
+use super::judge::ProbeResult;
 use crate::metrics::{Instance, MetricSource};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -36,15 +37,20 @@ pub enum PollState {
     Idle = 3,
     /// Adaptive, backed off: polling cost more than it saved.
     Backoff = 4,
+    /// Adaptive, not polling because the judge (`nbd/judge.rs`) runs an
+    /// unpolled window: polling did not shorten the request cycle, or a
+    /// probe measures the unpolled one.
+    Unpolled = 5,
 }
 
 impl PollState {
-    const ALL: [PollState; 5] = [
+    const ALL: [PollState; 6] = [
         PollState::Off,
         PollState::Fixed,
         PollState::Polling,
         PollState::Idle,
         PollState::Backoff,
+        PollState::Unpolled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +60,7 @@ impl PollState {
             PollState::Polling => "polling",
             PollState::Idle => "idle",
             PollState::Backoff => "backoff",
+            PollState::Unpolled => "unpolled",
         }
     }
 }
@@ -68,6 +75,10 @@ pub struct PollStats {
     backoffs: [AtomicU64; 3],
     /// The machine's CPU stall share at the last decision, in 1/1024ths.
     stall: AtomicU32,
+    /// The judge's verdicts: polling won, lost.
+    verdicts: [AtomicU64; 2],
+    /// The last probe's typical request cycle, ns: unpolled, polled.
+    cycle_ns: [AtomicU64; 2],
 }
 
 impl PollStats {
@@ -94,6 +105,13 @@ impl PollStats {
     pub fn polled(&self, found: bool) {
         let c = if found { &self.data } else { &self.empty };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The judge finished a probe.
+    pub fn probed(&self, r: ProbeResult) {
+        self.verdicts[usize::from(!r.polled_wins)].fetch_add(1, Ordering::Relaxed);
+        self.cycle_ns[0].store(r.unpolled_ns, Ordering::Relaxed);
+        self.cycle_ns[1].store(r.polled_ns, Ordering::Relaxed);
     }
 
     pub fn backed_off(&self, r: Reason) {
@@ -162,6 +180,22 @@ impl MetricSource for ConnPollMetrics {
                 v,
             );
         }
+        for (k, v) in ["poll", "sleep"].into_iter().enumerate() {
+            i.sample(
+                out,
+                "iolift_nbd_poll_verdicts_total",
+                &[("export", e), ("verdict", v)],
+                s.verdicts[k].load(Ordering::Relaxed),
+            );
+        }
+        for (k, m) in ["unpolled", "polled"].into_iter().enumerate() {
+            i.sample(
+                out,
+                "iolift_nbd_poll_cycle_ns",
+                &[("export", e), ("mode", m)],
+                s.cycle_ns[k].load(Ordering::Relaxed),
+            );
+        }
         for (k, r) in Reason::ALL.into_iter().enumerate() {
             let v = s.backoffs[k].load(Ordering::Relaxed);
             i.sample(
@@ -178,7 +212,17 @@ impl MetricSource for ConnPollMetrics {
             (
                 "iolift_nbd_poll_state",
                 "gauge",
-                "1 for the connection's poll mode at its last wait for a request (off, fixed, polling, idle, backoff)",
+                "1 for the connection's poll mode at its last wait for a request (off, fixed, polling, idle, backoff, unpolled)",
+            ),
+            (
+                "iolift_nbd_poll_verdicts_total",
+                "counter",
+                "probes of adaptive poll mode, by verdict: poll (polled request cycles were shorter by the margin) or sleep",
+            ),
+            (
+                "iolift_nbd_poll_cycle_ns",
+                "gauge",
+                "typical request cycle (one wait for a request to the next; mean of the shortest 7/8 of each window) the connection's last probe measured, by mode, nanoseconds",
             ),
             (
                 "iolift_nbd_poll_budget_us",
