@@ -42,14 +42,20 @@ impl Pinned<'_> {
     pub fn mapping(&self) -> Mapping {
         self.entry.mapping
     }
+
+    /// Ends the borrow of the cache but keeps the pin: the entry, to be
+    /// released with [`MappingCache::unpin`] on the same cache (for I/O
+    /// that completes on another thread).
+    pub(crate) fn detach(self) -> Arc<Entry> {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so its `entry` is moved out once.
+        unsafe { std::ptr::read(&me.entry) }
+    }
 }
 
 impl Drop for Pinned<'_> {
     fn drop(&mut self) {
-        if self.entry.pins.fetch_sub(1, SeqCst) == 1 && self.entry.revoked.load(SeqCst) {
-            let _g = lock(&self.cache.drain);
-            self.cache.drained.notify_all();
-        }
+        self.cache.unpin(&self.entry);
     }
 }
 
@@ -163,9 +169,30 @@ impl MappingCache {
 
     /// A hit: the mapping, pinned. Counts a hit or a miss.
     pub fn get_pinned(&self, key: u64) -> Option<Pinned<'_>> {
+        self.lookup(key, true)
+    }
+
+    /// [`Self::get_pinned`] that counts no miss when `key` is absent
+    /// (the caller then looks again through a path that counts it).
+    pub(crate) fn peek_pinned(&self, key: u64) -> Option<Pinned<'_>> {
+        self.lookup(key, false)
+    }
+
+    /// Releases a pin taken by [`Pinned::detach`], waking an invalidation
+    /// waiting for it.
+    pub(crate) fn unpin(&self, entry: &Entry) {
+        if entry.pins.fetch_sub(1, SeqCst) == 1 && entry.revoked.load(SeqCst) {
+            let _g = lock(&self.drain);
+            self.drained.notify_all();
+        }
+    }
+
+    fn lookup(&self, key: u64, count_miss: bool) -> Option<Pinned<'_>> {
         let mut l = lock(&self.lru);
         let Some(&i) = l.map.get(&key) else {
-            self.stats.misses.fetch_add(1, Relaxed);
+            if count_miss {
+                self.stats.misses.fetch_add(1, Relaxed);
+            }
             return None;
         };
         l.unlink(i);
@@ -321,5 +348,30 @@ mod tests {
         t.join().unwrap();
         assert!(done.load(SeqCst));
         assert_eq!(c.stats.invalidations.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_detached_pin_holds_until_unpinned() {
+        let c = Arc::new(MappingCache::new(4));
+        drop(c.insert_pinned(7, data(70)).0);
+        let before = c.stats.misses.load(Relaxed);
+        assert!(c.peek_pinned(8).is_none());
+        assert_eq!(c.stats.misses.load(Relaxed), before, "peek counted a miss");
+        let entry = c.peek_pinned(7).unwrap().detach();
+        let c2 = c.clone();
+        let done = Arc::new(AtomicBool::new(false));
+        let d2 = done.clone();
+        let t = std::thread::spawn(move || {
+            c2.invalidate(7);
+            d2.store(true, SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !done.load(SeqCst),
+            "invalidate returned with a detached pin held"
+        );
+        c.unpin(&entry);
+        t.join().unwrap();
+        assert!(done.load(SeqCst));
     }
 }

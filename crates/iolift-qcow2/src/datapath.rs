@@ -63,6 +63,11 @@ impl DataPath {
         &self.cp
     }
 
+    /// The cache this path uses (`None`: the image has no caches).
+    pub fn cache_id(&self) -> Option<usize> {
+        self.id
+    }
+
     fn check(&self, off: u64, len: usize) -> Result<()> {
         match off.checked_add(len as u64) {
             Some(end) if end <= self.cp.size() => Ok(()),
