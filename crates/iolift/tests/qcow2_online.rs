@@ -3,7 +3,12 @@
 //! and deletes snapshots, discards ranges, resizes the caches and
 //! compacts the image, with mapping caches of 2 entries so they thrash.
 //! Afterwards: zero verify errors, `qemu-img check` clean, the bytes
-//! qemu-io reads are the expected ones, and the file shrank.
+//! qemu-io reads are the expected ones, and the file shrank. Run twice:
+//! with the blocking-pool data paths, and with `engine=uring` (hits read
+//! and written through io_uring, their mappings pinned until the
+//! completion; data paths per connection) and caches that alternate
+//! between a quarter of and all the clusters one fio job touches, so
+//! many requests hit while the control plane invalidates under them.
 
 mod common;
 use common::*;
@@ -36,6 +41,27 @@ fn file_len(p: &Path) -> u64 {
 
 #[test]
 fn fio_verify_while_snapshots_discards_and_compaction_run() {
+    online("cache=2,paths=4", ["1", "2"], false, 0, ("8M", "3"));
+}
+
+#[test]
+fn fio_verify_on_the_uring_path_while_the_control_plane_changes_mappings() {
+    online(
+        "cache=4096,paths=4,direct,engine=uring,placement=conn",
+        ["1024", "4096"],
+        true,
+        1000,
+        ("2M", "10"),
+    );
+}
+
+/// The scenario above on a server with backend options `opts`; the
+/// control loop alternates the caches between the budgets `sizes`.
+/// `uring`: the stats must show requests served by the io_uring engines.
+/// `pause_ms`: between control rounds (each snapshot and compaction
+/// invalidates cached mappings; a pause lets hits happen in between).
+/// `fio`: each job's region size and the number of write+verify loops.
+fn online(opts: &str, sizes: [&'static str; 2], uring: bool, pause_ms: u64, fio: (&str, &str)) {
     let _g = heavy();
     require_tool("fio");
     let mut b = ServerBuilder::iolift();
@@ -74,7 +100,7 @@ fn fio_verify_while_snapshots_discards_and_compaction_run() {
     let sock = b.dir().join("ctl.sock");
     let mut srv = b
         .backend(&format!(
-            "qcow2:{},cache=2,paths=4,control={}",
+            "qcow2:{},{opts},control={}",
             img.display(),
             sock.display()
         ))
@@ -92,13 +118,11 @@ fn fio_verify_while_snapshots_discards_and_compaction_run() {
                     let off = (40 + i) << 20;
                     control(&sock, &["discard", &off.to_string(), "1048576"]);
                 }
-                control(
-                    &sock,
-                    &["cache", if i.is_multiple_of(2) { "1" } else { "2" }],
-                );
+                control(&sock, &["cache", sizes[(i % 2) as usize]]);
                 let out = control(&sock, &["compact"]);
                 assert!(out.contains("moved data="), "{out}");
                 control(&sock, &["snapshot", "delete", &format!("s{i}")]);
+                std::thread::sleep(std::time::Duration::from_millis(pause_ms));
                 let out = control(&sock, &["compact"]);
                 if !out.contains("moved data=0 ") {
                     compacted += 1;
@@ -120,9 +144,9 @@ fn fio_verify_while_snapshots_discards_and_compaction_run() {
         "--bs=4k",
         "--iodepth=16",
         "--numjobs=2",
-        "--size=8M",
+        &format!("--size={}", fio.0),
         "--offset_increment=24M",
-        "--loops=3",
+        &format!("--loops={}", fio.1),
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
@@ -154,6 +178,16 @@ fn fio_verify_while_snapshots_discards_and_compaction_run() {
         "latency_hit count=",
     ] {
         assert!(stats.contains(k), "{k} missing:\n{stats}");
+    }
+    if uring {
+        let ops: u64 = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("uring_ops "))
+            .unwrap_or_else(|| panic!("uring_ops missing:\n{stats}"))
+            .parse()
+            .unwrap();
+        eprintln!("uring_ops {ops}");
+        assert!(ops > 1000, "few requests took the io_uring path:\n{stats}");
     }
     let bad = run_fail(
         std::process::Command::new(iolift_bin())

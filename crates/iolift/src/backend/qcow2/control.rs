@@ -23,6 +23,7 @@
 //! [`IDLE`]).
 
 use super::lat::Latency;
+use super::uring::Uring;
 use anyhow::{bail, Context, Result};
 use iolift_qcow2::ControlPlane;
 use std::fmt::Write as _;
@@ -68,13 +69,18 @@ fn bind(path: &Path) -> Result<UnixListener> {
 }
 
 impl ControlSocket {
-    pub fn start(path: &Path, cp: Arc<ControlPlane>, lat: Arc<Latency>) -> Result<ControlSocket> {
+    pub fn start(
+        path: &Path,
+        cp: Arc<ControlPlane>,
+        lat: Arc<Latency>,
+        uring: Option<Arc<Uring>>,
+    ) -> Result<ControlSocket> {
         let l = bind(path)?;
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name("qcow2-control".into())
-            .spawn(move || accept_loop(l, cp, lat, s))
+            .spawn(move || accept_loop(l, cp, lat, uring, s))
             .context("starting the control socket's thread")?;
         Ok(ControlSocket {
             path: path.to_path_buf(),
@@ -101,7 +107,13 @@ impl Drop for ControlSocket {
     }
 }
 
-fn accept_loop(l: UnixListener, cp: Arc<ControlPlane>, lat: Arc<Latency>, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    l: UnixListener,
+    cp: Arc<ControlPlane>,
+    lat: Arc<Latency>,
+    uring: Option<Arc<Uring>>,
+    stop: Arc<AtomicBool>,
+) {
     let open = Arc::new(AtomicUsize::new(0));
     for conn in l.incoming() {
         if stop.load(SeqCst) {
@@ -116,11 +128,11 @@ fn accept_loop(l: UnixListener, cp: Arc<ControlPlane>, lat: Arc<Latency>, stop: 
             );
             continue;
         }
-        let (cp, lat, open) = (cp.clone(), lat.clone(), open.clone());
+        let (cp, lat, uring, open) = (cp.clone(), lat.clone(), uring.clone(), open.clone());
         let spawned = std::thread::Builder::new()
             .name("qcow2-control-conn".into())
             .spawn(move || {
-                let _ = serve(s, &cp, &lat);
+                let _ = serve(s, &cp, &lat, uring.as_deref());
                 open.fetch_sub(1, SeqCst);
             });
         if spawned.is_err() {
@@ -129,7 +141,12 @@ fn accept_loop(l: UnixListener, cp: Arc<ControlPlane>, lat: Arc<Latency>, stop: 
     }
 }
 
-fn serve(s: UnixStream, cp: &ControlPlane, lat: &Latency) -> std::io::Result<()> {
+fn serve(
+    s: UnixStream,
+    cp: &ControlPlane,
+    lat: &Latency,
+    uring: Option<&Uring>,
+) -> std::io::Result<()> {
     s.set_read_timeout(Some(IDLE))?;
     let mut w = s.try_clone()?;
     let mut r = BufReader::new(s);
@@ -143,7 +160,7 @@ fn serve(s: UnixStream, cp: &ControlPlane, lat: &Latency) -> std::io::Result<()>
             writeln!(w, "error: line longer than {MAX_LINE} bytes")?;
             return Ok(());
         }
-        let reply = match run(cp, lat, line.trim()) {
+        let reply = match run(cp, lat, uring, line.trim()) {
             Ok(text) => format!("{text}ok\n"),
             Err(e) => format!("error: {}\n", format!("{e:#}").replace('\n', " ")),
         };
@@ -158,12 +175,18 @@ fn num(what: &str, v: Option<&str>) -> Result<u64> {
 }
 
 /// Runs one command; returns its data lines.
-pub fn run(cp: &ControlPlane, lat: &Latency, line: &str) -> Result<String> {
+pub fn run(cp: &ControlPlane, lat: &Latency, uring: Option<&Uring>, line: &str) -> Result<String> {
     let words: Vec<&str> = line.split_whitespace().collect();
     let mut out = String::new();
     match words.as_slice() {
         ["stats"] => {
             out = stats(cp);
+            if let Some(u) = uring {
+                let (ops, enters, batch) = u.stats();
+                out.push_str(&format!(
+                    "uring_ops {ops}\nuring_enters {enters}\nuring_max_batch {batch}\n"
+                ));
+            }
             out.push_str(&lat.text());
         }
         ["snapshot", "list"] => {

@@ -23,6 +23,8 @@
 
 mod control;
 mod lat;
+mod place;
+mod uring;
 
 use super::{BackendSpec, Kind, OptHelp};
 use crate::block::{BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
@@ -32,9 +34,9 @@ use bytes::BytesMut;
 use control::ControlSocket;
 use iolift_qcow2::{ControlPlane, DataPath, Options, Served, MAX_DATA_PATHS};
 use lat::Latency;
-use std::cell::Cell;
+use place::{worker, Conns, Placement};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -62,6 +64,24 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "data paths read and write the image with O_DIRECT (4 KiB aligned requests), past the page cache",
     },
     OptHelp {
+        name: "engine",
+        kind: Kind::Text("threads|uring"),
+        default: "threads",
+        help: "uring (needs direct): cache hits read and write through an io_uring per data path, answered from its completion thread; threads: every request on the blocking pool",
+    },
+    OptHelp {
+        name: "bufs",
+        kind: Kind::Count,
+        default: "32",
+        help: "engine=uring: registered 16 KiB buffers per data path (0 to 256)",
+    },
+    OptHelp {
+        name: "placement",
+        kind: Kind::Text("worker|conn"),
+        default: "worker",
+        help: "which data path serves a request: the worker thread's (given round robin) or the NBD connection's (given round robin per connection)",
+    },
+    OptHelp {
         name: "control",
         kind: Kind::Text("SOCKET"),
         default: "none",
@@ -86,6 +106,9 @@ pub struct Qcow2Config {
     pub opts: Options,
     pub name: Option<String>,
     pub control: Option<PathBuf>,
+    /// engine=uring: registered buffers per data path (None: threads).
+    pub uring: Option<usize>,
+    pub placement: Placement,
 }
 
 pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
@@ -98,13 +121,33 @@ pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
             .opts
             .err("paths", format!("{paths}: 1 to {MAX_DATA_PATHS}")));
     }
+    let direct = s.opts.flag("direct")?;
+    let uring = match s.opts.get("engine").unwrap_or("threads") {
+        "threads" => None,
+        "uring" if !direct => return Err(s.opts.err("engine", "uring needs direct")),
+        "uring" => {
+            let bufs = s.opts.u64("bufs", 32)?;
+            if bufs > 256 {
+                return Err(s.opts.err("bufs", format!("{bufs}: 0 to 256")));
+            }
+            Some(bufs as usize)
+        }
+        e => return Err(s.opts.err("engine", format!("{e}: threads or uring"))),
+    };
+    let placement = match s.opts.get("placement").unwrap_or("worker") {
+        "worker" => Placement::Worker,
+        "conn" => Placement::Conn,
+        p => return Err(s.opts.err("placement", format!("{p}: worker or conn"))),
+    };
     Ok(Qcow2Config {
+        uring,
+        placement,
         path: PathBuf::from(&s.arg),
         opts: Options {
             read_only: s.opts.flag("ro")?,
             cache_entries: s.opts.u64("cache", 65536)?,
             data_paths: paths as usize,
-            direct: s.opts.flag("direct")?,
+            direct,
         },
         name: s.opts.get("name").map(str::to_string),
         control: s.opts.get("control").map(PathBuf::from),
@@ -119,9 +162,16 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
         .map(|i| DataPath::new(cp.clone(), i))
         .collect();
     let lat = Arc::new(Latency::new(c.opts.data_paths));
+    let uring = match c.uring {
+        Some(bufs) => Some(Arc::new(
+            uring::Uring::open(&c.path, c.opts.data_paths, c.opts.read_only, bufs)
+                .with_context(|| format!("backend qcow2: {}", c.path.display()))?,
+        )),
+        None => None,
+    };
     let control = match &c.control {
         Some(p) => Some(
-            ControlSocket::start(p, cp.clone(), lat.clone())
+            ControlSocket::start(p, cp.clone(), lat.clone(), uring.clone())
                 .with_context(|| format!("backend qcow2: {}", c.path.display()))?,
         ),
         None => None,
@@ -129,6 +179,9 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
     let inner = Arc::new(Inner {
         cp,
         paths,
+        uring,
+        placement: c.placement,
+        conns: Conns::default(),
         path: c.path,
         id: Instance::new("qcow2", c.name),
         lat,
@@ -145,27 +198,13 @@ pub struct Qcow2Dev {
 struct Inner {
     cp: Arc<ControlPlane>,
     paths: Vec<DataPath>,
+    uring: Option<Arc<uring::Uring>>,
+    placement: Placement,
+    conns: Conns,
     path: PathBuf,
     id: Instance,
     lat: Arc<Latency>,
     control: Mutex<Option<ControlSocket>>,
-}
-
-static NEXT_WORKER: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// This thread's worker number (given once, round robin).
-fn worker() -> usize {
-    WORKER.with(|w| match w.get() {
-        Some(i) => i,
-        None => {
-            let i = NEXT_WORKER.fetch_add(1, Relaxed);
-            w.set(Some(i));
-            i
-        }
-    })
 }
 
 fn errno(e: iolift_qcow2::Error) -> Errno {
@@ -174,8 +213,21 @@ fn errno(e: iolift_qcow2::Error) -> Errno {
 }
 
 impl Inner {
-    fn run(&self, req: Request) -> Result<Reply, Errno> {
-        let w = worker() % self.paths.len();
+    /// The data path for a request submitted from this thread now, when
+    /// the submitter decides it: always with placement=conn (the
+    /// connection's), and with engine=uring (the submitting thread's, so a
+    /// miss warms the cache its next hit looks in). `None`: the blocking
+    /// pool thread that runs the request decides (its own path).
+    fn submitter_path(&self) -> Option<usize> {
+        match self.placement {
+            Placement::Conn => Some(self.conns.path() % self.paths.len()),
+            Placement::Worker if self.uring.is_some() => Some(worker() % self.paths.len()),
+            Placement::Worker => None,
+        }
+    }
+
+    fn run(&self, w: Option<usize>, req: Request) -> Result<Reply, Errno> {
+        let w = w.unwrap_or_else(worker) % self.paths.len();
         let dp = &self.paths[w];
         let t0 = Instant::now();
         match req {
@@ -227,6 +279,23 @@ impl Inner {
     }
 }
 
+impl Qcow2Dev {
+    /// Runs `req` on the blocking pool, on data path `w` (`None`: the
+    /// pool thread's own).
+    fn submit_on(&self, w: Option<usize>, req: Request) -> IoFuture {
+        let cp = &self.inner.cp;
+        if let Err(e) = req.admit(cp.size(), cp.read_only()) {
+            return crate::block::ready(Err(e));
+        }
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || inner.run(w, req))
+                .await
+                .unwrap_or(Err(Errno::EIO))
+        })
+    }
+}
+
 impl BlockDev for Qcow2Dev {
     fn info(&self) -> DevInfo {
         let cp = &self.inner.cp;
@@ -238,16 +307,28 @@ impl BlockDev for Qcow2Dev {
     }
 
     fn submit(&self, req: Request) -> IoFuture {
+        let w = self.inner.submitter_path();
+        self.submit_on(w, req)
+    }
+
+    /// With engine=uring, hits complete on the data path's ring thread.
+    fn native_callbacks(&self) -> bool {
+        self.inner.uring.is_some()
+    }
+
+    fn submit_cb(&self, req: Request, cb: crate::block::Callback) {
+        let Some(u) = &self.inner.uring else {
+            return crate::block::drive(self.submit(req), cb);
+        };
         let cp = &self.inner.cp;
         if let Err(e) = req.admit(cp.size(), cp.read_only()) {
-            return crate::block::ready(Err(e));
+            return cb(Err(e));
         }
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || inner.run(req))
-                .await
-                .unwrap_or(Err(Errno::EIO))
-        })
+        let w = self.inner.submitter_path().unwrap_or(0);
+        let dp = &self.inner.paths[w];
+        if let Some((req, cb)) = u.try_submit(w, dp, &self.inner.lat, req, cb) {
+            crate::block::drive(self.submit_on(Some(w), req), cb);
+        }
     }
 
     fn name(&self) -> String {
