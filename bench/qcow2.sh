@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
 # qcow2 4 KiB random I/O over NBD, side by side in one run, alternating
 # servers each repeat, every server with O_DIRECT (DIRECT=1, default):
-#   qemu     qemu-nbd --cache=none --aio=native on the qcow2 image (the peer)
+#   qemu     qemu-nbd --cache=none --aio=$QAIO (native unless QAIO=io_uring
+#            or threads) on the qcow2 image (the peer)
 #   cp       iolift qcow2:IMG,cache=0: every request under the control plane
 #   miss     iolift qcow2:IMG,cache=16,paths=1: the fast path, nearly always missing
-#   hit      iolift qcow2:IMG,cache=ENTRIES,paths=1 after a warm-up read:
-#            every mapping in one cache shared by the workers
+#   hit      (MAIN_SERVERS="... hit ...") iolift qcow2:IMG,cache=ENTRIES,paths=1
+#            after a warm-up read: every mapping in one cache shared by
+#            the workers
 #   hitw     iolift qcow2:IMG,cache=ENTRIES,paths=4: one cache per worker
 #            (the default placement), warmed the same way
+#   hitu     hitw with engine=uring: hits read and written through one
+#            io_uring per data path, from the connection's reader thread,
+#            answered from the ring's completion thread
+#   hitc     hitu with placement=conn: one data path per NBD connection
 #   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit)
 # Sections:
 #   main     1 GiB image, 64 KiB clusters: QD 1..128 (QDS), and 4
 #            connections at QD 8
+#   place    (PLACE=1) the data path per worker (hitu) against per
+#            connection (hitc), 4 connections at QD 8
 #   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
-#            than qemu's default L2 cache covers (1 MiB): qemu, cp, hit,
-#            hitw at QD 1 and 32 and 4 connections at QD 8
+#            than qemu's default L2 cache covers (1 MiB): qemu, hitw,
+#            hitu at QD 1 and 32 and 4 connections at QD 8
 #   write    (WRITES=1) 4 KiB random writes in place on the fully
-#            allocated 64 KiB-cluster image: qemu against iolift (hitw)
+#            allocated 64 KiB-cluster image: qemu against iolift (hitw,
+#            hitu)
 # Latency avg/p50/p90/p99/p99.9/p99.99 and IOPS, medians over R repeats,
 # ratios against qemu-nbd, the hit ratio iolift's control socket
 # reported, peak RSS, and the targets as met / not met. Not a test: see
@@ -25,7 +34,8 @@
 #   bench/qcow2.sh                       # R=3, 2 s per job: about 5 minutes
 #   R=5 RUNTIME=5 SIZE=4G bench/qcow2.sh
 #   DIRECT=0 bench/qcow2.sh              # through the page cache instead
-#   SMALL=0 WRITES=0 bench/qcow2.sh      # the main section only
+#   SMALL=0 WRITES=0 PLACE=0 bench/qcow2.sh   # the main section only
+#   QAIO=io_uring bench/qcow2.sh         # qemu-nbd --aio=io_uring
 #   BUILD=0 bench/qcow2.sh               # use the binary already built
 #   KEEP=1 bench/qcow2.sh                # keep the fio JSON files
 set -euo pipefail
@@ -38,6 +48,9 @@ QDS=${QDS:-"1 8 32 128"}
 DIRECT=${DIRECT:-1}
 SMALL=${SMALL:-1}
 WRITES=${WRITES:-1}
+PLACE=${PLACE:-1}
+QAIO=${QAIO:-native}
+MAIN_SERVERS=${MAIN_SERVERS:-"qemu cp miss hitw hitu raw"}
 PROFILE=${PROFILE:-release}
 TARGET=${CARGO_TARGET_DIR:-target}
 IOLIFT=$TARGET/$PROFILE/iolift
@@ -68,7 +81,7 @@ trap cleanup EXIT
 SIZE_BYTES=$(numfmt --from=iec "${SIZE^^}")
 RAW=$WORK/disk.raw
 if [[ $DIRECT == 1 ]]; then
-    QCACHE="--cache=none --aio=native"; IDIR=",direct"
+    QCACHE="--cache=none --aio=$QAIO"; IDIR=",direct"
 else
     QCACHE=""; IDIR=""
 fi
@@ -84,6 +97,8 @@ start_server() { # name socket image entries readonly(1/0)
         miss) "$IOLIFT" serve --socket "$sock" "$q,cache=16,paths=1" 2>"$WORK/$s.log" & ;;
         hit)  "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=1" 2>"$WORK/$s.log" & ;;
         hitw) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4" 2>"$WORK/$s.log" & ;;
+        hitu) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring" 2>"$WORK/$s.log" & ;;
+        hitc) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,placement=conn" 2>"$WORK/$s.log" & ;;
         raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
     esac
     SERVER_PID=$!
@@ -105,11 +120,11 @@ run_one() {
     [[ $rw == randwrite ]] && ro=0
     start_server "$s" "$sock" "$img" "$n" "$ro"
     local uri="nbd+unix:///?socket=$sock"
-    if [[ $s == hit || $s == hitw ]]; then
+    if [[ $s == hit* ]]; then
         # warm-up: a sequential read of the whole image (hitw: from 4
         # connections at once, so more of the workers' caches see each
         # cluster; the hit ratio printed says how well that worked)
-        local nj=1; [[ $s == hitw ]] && nj=4
+        local nj=1; [[ $s != hit ]] && nj=4
         fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 \
             --numjobs=$nj --size="$SIZE" --output-format=json >/dev/null
     fi
@@ -140,20 +155,23 @@ section() { # name image entries rw "servers" jobs...
     echo "$sec|$rw|$servers|$*" >>"$WORK/sections"
 }
 
-echo "== $R repeats, ${RUNTIME}s per job, image $SIZE, DIRECT=$DIRECT, $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+echo "== $R repeats, ${RUNTIME}s per job, image $SIZE, DIRECT=$DIRECT, qemu-nbd --aio=$QAIO, $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 head -c "$SIZE_BYTES" /dev/urandom >"$RAW"
 IMG=$WORK/disk64k.qcow2
 qemu-img convert -f raw -O qcow2 -o cluster_size=65536 "$RAW" "$IMG"
 MAIN_JOBS=""; for q in $QDS; do MAIN_JOBS+=" qd$q"; done
-section main "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu cp miss hit hitw raw" $MAIN_JOBS qd8x4
+section main "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "$MAIN_SERVERS" $MAIN_JOBS qd8x4
+if [[ $PLACE == 1 ]]; then
+    section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu hitu hitc" qd8x4
+fi
 if [[ $SMALL == 1 ]]; then
     IMG4=$WORK/disk4k.qcow2
     qemu-img convert -f raw -O qcow2 -o cluster_size=4096 "$RAW" "$IMG4"
-    section small "$IMG4" $(( SIZE_BYTES / 4096 + 1024 )) randread "qemu cp hit hitw" qd1 qd32 qd8x4
+    section small "$IMG4" $(( SIZE_BYTES / 4096 + 1024 )) randread "qemu hitw hitu" qd1 qd32 qd8x4
     rm -f "$IMG4"
 fi
 if [[ $WRITES == 1 ]]; then
-    section write "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randwrite "qemu hitw" qd1 qd32
+    section write "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randwrite "qemu hitw hitu" qd1 qd32
 fi
 echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
@@ -218,8 +236,8 @@ for line in open(f"{work}/sections"):
         hrs = f", hit ratio in the jobs {hr:.4f}" if hr is not None else ""
         print(f"[{sec}] {s:<5} peak RSS median {statistics.median(rss) / 1024:.1f} MiB{hrs}")
     M = lambda s, j, k: med[sec, s, j][k]
-    if sec in ("main", "small") and "hit" in servers:
-        for h in ("hit", "hitw"):
+    if sec in ("main", "small", "place"):
+        for h in ("hit", "hitw", "hitu", "hitc"):
             if h not in servers:
                 continue
             for j in jobs:
@@ -227,20 +245,23 @@ for line in open(f"{work}/sections"):
                 targets.append((f"[{sec}] {h} IOPS >= 1.3x qemu-nbd at {j}", r >= 1.3, f"{r:.2f}x"))
     if sec == "main":
         j1 = "qd1"
-        if j1 in jobs:
-            for h in ("hit", "hitw"):
+        if j1 in jobs and "raw" in servers:
+            for h in ("hit", "hitw", "hitu"):
+                if h not in servers:
+                    continue
                 r = M(h, j1, "50") / M("raw", j1, "50")
                 targets.append((f"[main] {h} p50 <= 1.1x raw p50 at qd1", r <= 1.1, f"{r:.2f}x"))
-        for j in jobs:
+        for j in jobs if "miss" in servers and "cp" in servers else []:
             r = M("miss", j, "iops") / M("cp", j, "iops")
             targets.append((f"[main] miss IOPS no worse than control-plane-only at {j}", r >= 1.0, f"{r:.2f}x"))
-        if j1 in jobs:
+        if j1 in jobs and "miss" in servers and "cp" in servers:
             r = M("miss", j1, "50") / M("cp", j1, "50")
             targets.append((f"[main] miss p50 no worse than control-plane-only at qd1", r <= 1.0, f"{r:.2f}x"))
     if sec == "write":
-        for j in jobs:
-            r = M("hitw", j, "iops") / M("qemu", j, "iops")
-            targets.append((f"[write] iolift write IOPS no slower than qemu-nbd at {j}", r >= 1.0, f"{r:.2f}x"))
+        for h in ("hitw", "hitu"):
+            for j in jobs if h in servers else []:
+                r = M(h, j, "iops") / M("qemu", j, "iops")
+                targets.append((f"[write] iolift {h} write IOPS no slower than qemu-nbd at {j}", r >= 1.0, f"{r:.2f}x"))
 print("\ntargets:")
 for name, ok, val in targets:
     print(f"  {'met    ' if ok else 'NOT MET'}  {name}: {val}")
