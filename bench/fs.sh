@@ -10,18 +10,28 @@
 #      of 10k entries). Setups alternate within each repeat; each cell is
 #      the median of R repeats, with ratios and peak RSS of each server.
 #
-#   bench/fs.sh                        # release build, R=3, RUNTIME=5
+#   bench/fs.sh                        # release build, R=3, RUNTIME=5: all
+#                                      # parts, about 20 minutes; in parts
+#                                      # of under 6 minutes each:
+#   ONLY=q1 bench/fs.sh                               # ~2.5 min
+#   ONLY=q2 CELLS=4k bench/fs.sh                      # ~6 min
+#   ONLY=q2 CELLS='64k|1m' bench/fs.sh                # ~6 min
+#   ONLY=q2 CELLS='stat|create|readdir' bench/fs.sh   # ~4 min
+#   ONLY=virtio bench/fs.sh                           # ~4 min
 #   R=1 RUNTIME=1 PROFILE=debug bench/fs.sh   # quick check of the script
-#   ONLY=q1 / ONLY=q2                  # one half
 #   BIN=/path/to/iolift                # use this binary, build nothing
-#   CELLS='stat|create|readdir'        # only the cells whose name matches
-#   ONLY=virtio                        # only the virtio-fs part:
+#   CELLS=REGEX                        # only the cells whose name matches
+#  Each part prints its targets as met / NOT met: Q2 one line per cell
+#  (mirror >= 1.5x bindfs; with --passthrough >= 0.9x ext4 on data cells),
+#  virtio below. bindfs runs with its defaults (1 s entry and attribute
+#  timeouts, libfuse's) and iolift with its own (--ttl-ms 1000).
+#
 #
 #  virtio-fs (Q1 and Q2 for the VM transport): `iolift fs drive-virtiofs`
 #      plays the guest (shared memory, virtqueues, FUSE requests) against
 #      iolift fs serve-virtiofs (null and mirror, --thread-pool-size
-#      VPOOL, default 4) and QEMU's virtiofsd (-o source=, sandbox=chroot,
-#      its default thread pool) over the same directory: 4k random reads
+#      VPOOL, default 0 as virtiofsd's) and QEMU's virtiofsd (-o source=,
+#      sandbox=chroot, its default: no thread pool) over the same directory: 4k random reads
 #      and writes at QD1 and QD16 (IOPS, p50 latency), medians of R,
 #      alternating, with server CPU per op and peak RSS; prints the
 #      targets (iolift >= 1.3x virtiofsd IOPS at QD16, QD1 latency <=
@@ -41,7 +51,7 @@ ONLY=${ONLY:-all}
 WORK=${WORK:-/var/tmp/iolift-fs-bench}
 NFILES=${NFILES:-10000}
 CELLS=${CELLS:-.}   # regex: run only the cells whose name matches
-VPOOL=${VPOOL:-4}
+VPOOL=${VPOOL:-0}   # serve-virtiofs --thread-pool-size (0: both daemons' default)
 VIRTIOFSD=${VIRTIOFSD:-/usr/lib/qemu/virtiofsd}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
@@ -189,9 +199,21 @@ print(json.dumps({"ops": ops, "ops_s": ops / el}))
 EOF
 }
 
-# The data file and the 10k-entry directory, made once on the host.
-fio --name=prep --directory="$SRC" --filename=bench.dat --size="$SIZE" --rw=write --bs=1M \
-    --ioengine=psync --output=/dev/null
+# The data file and the 10k-entry directory, made once on the host. The
+# file is written in 4 KiB blocks in random order: written in 1 MiB
+# pieces, its page cache would be large folios, and ext4 then walks every
+# buffer head of a 2 MiB folio on each 4 KiB buffered write (perf: 73% of
+# a virtio-fs server's CPU in ext4_block_write_begin, 5-10x fewer IOPS),
+# which would measure that walk, the same for every server, not them.
+# fio first drops the file's cached pages (its default invalidate=1), so
+# this also undoes what earlier cells did to the page cache (O_DIRECT
+# writes drop pages, sequential reads bring large folios back): it runs
+# before each setup's cells, which then all start from the same state.
+prep_data() {
+    fio --name=prep --directory="$SRC" --filename=bench.dat --size="$SIZE" --rw=randwrite --bs=4k \
+        --ioengine=psync --end_fsync=1 --output=/dev/null
+}
+prep_data
 mkdir -p "$SRC/meta"
 python3 -c "
 import os, sys
@@ -210,6 +232,7 @@ if [[ $ONLY == all || $ONLY == q2 ]]; then
     SETUPS=(ext4 bindfs iolift iolift-pt)
     for rep in $(seq "$R"); do
         for s in "${SETUPS[@]}"; do
+            prep_data
             run_cell "$s" randread-4k-qd1 "$rep" fio_job r randread 4k 1
             run_cell "$s" randwrite-4k-qd1 "$rep" fio_job w randwrite 4k 1
             run_cell "$s" randread-4k-qd16 "$rep" fio_job r randread 4k 16
@@ -264,6 +287,7 @@ EOF
 
 if [[ $ONLY == all || $ONLY == virtio ]]; then
     [[ -x $VIRTIOFSD ]] || { echo "missing $VIRTIOFSD (Debian qemu-system-common)" >&2; exit 1; }
+    prep_data
     for rep in $(seq "$R"); do
         for s in vfs-null vfs-iolift vfs-virtiofsd; do
             vrun "$s" randread-4k-qd1 "$rep" randread 1
@@ -348,5 +372,18 @@ if q2:
         print(line)
     print("  peak RSS MiB: " + ", ".join(
         f"{s} {max([r['rss_mib'] for r in rows if r['setup'] == s] or [0]):.1f}" for s in q2 if s != "ext4"))
+    # The targets, one line per cell: served mirror >= 1.5x bindfs on every
+    # cell; with passthrough >= 0.9x native ext4 on the data cells.
+    for c in cells:
+        rs = [r for r in rows if r["cell"] == c and r["setup"] in q2]
+        if not rs: continue
+        k = "ops_s" if "ops_s" in rs[0] else ("iops" if "-4k-" in c else "mbs")
+        v = {s: med([r[k] for r in rs if r["setup"] == s]) for s in q2}
+        if v.get("bindfs") and "iolift" in v:
+            r = v["iolift"] / v["bindfs"]
+            print(f"  target: iolift FUSE mirror {c} >= 1.5x bindfs ({r:.2f}x): {'met' if r >= 1.5 else 'NOT met'}")
+        if k != "ops_s" and v.get("ext4") and "iolift-pt" in v:
+            r = v["iolift-pt"] / v["ext4"]
+            print(f"  target: iolift FUSE mirror --passthrough {c} >= 0.9x ext4 ({r:.2f}x): {'met' if r >= 0.9 else 'NOT met'}")
 EOF
 echo "load after: $(uptime)"
