@@ -113,6 +113,12 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "write-back stripe buffer: most bytes of partial-stripe writes held until their stripe is whole (0: off)",
     },
     OptHelp {
+        name: "wb_bg",
+        kind: Kind::Count,
+        default: "4",
+        help: "stripes completed in the write-back buffer written at once on other threads (0: by the request that completes them)",
+    },
+    OptHelp {
         name: "barrier",
         kind: Kind::Flag,
         default: "off",
@@ -159,6 +165,7 @@ pub struct Config {
     pub journal_only: bool,
     pub region: u64,
     pub wb: u64,
+    pub wb_bg: usize,
     pub auto_rebuild: bool,
     pub crc_mem: u64,
     pub crc_dirty: u64,
@@ -254,6 +261,10 @@ pub fn parse(s: &BackendSpec) -> Result<Config> {
             n => n,
         },
         wb: o.size("wb", 16 << 20)?,
+        wb_bg: match o.u64("wb_bg", 4)? {
+            n @ 0..=64 => n as usize,
+            n => return Err(o.err("wb_bg", format_args!("{n}: 0 to 64"))),
+        },
         auto_rebuild: o.choice("rebuild", &["auto", "off"], "auto")? == "auto",
         crc_mem: o.size("crc_mem", 256 << 20)?,
         crc_dirty: o.size("crc_dirty", 1 << 20)?,

@@ -96,7 +96,7 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
         journal_only: cfg.journal_only,
         bitmap_ok: AtomicBool::new(false),
         intent: bitmap::Intent::new(1, 1, 1),
-        wb: Wb::new(cfg.wb),
+        wb: Wb::new(cfg.wb, cfg.wb_bg),
         meta_dirty: meta::Dirty::new(0, 0, cfg.crc_dirty),
     };
     let mut found = Vec::with_capacity(n);

@@ -299,6 +299,10 @@ fn bad_specs_name_the_part() {
             "option slots",
         ),
         ("ec:memory:1M;;memory:1M,k=2,m=1", "empty child"),
+        (
+            "ec:memory:1M;memory:1M;memory:1M,k=2,m=1,wb_bg=65",
+            "option wb_bg",
+        ),
     ] {
         let e = match crate::backend::check_spec(s) {
             Ok(()) => panic!("{s} accepted"),

@@ -29,10 +29,6 @@ pub type Piece = (usize, u64, Bytes);
 const MAX_PIECES: usize = 64;
 /// A stripe without a new piece for this long is written out.
 pub const IDLE: Duration = Duration::from_millis(100);
-/// Stripes completed in the buffer that are written at once in the
-/// background (each holds its pieces and parity, at most (k+m) x chunk);
-/// beyond this the request that completes a stripe writes it itself.
-pub const BACKGROUND: usize = 4;
 
 struct Entry {
     pieces: Vec<Piece>,
@@ -68,15 +64,20 @@ pub struct Wb {
     held: AtomicUsize,
     /// Background writes of completed stripes running.
     background: AtomicUsize,
+    /// The most of them (`wb_bg`): each holds its pieces and parity, at
+    /// most (k+m) x chunk; beyond this (or with 0) the request that
+    /// completes a stripe writes it itself.
+    background_max: usize,
 }
 
 impl Wb {
-    pub fn new(budget: u64) -> Wb {
+    pub fn new(budget: u64, background_max: usize) -> Wb {
         Wb {
             budget,
             state: Mutex::new(State::default()),
             held: AtomicUsize::new(0),
             background: AtomicUsize::new(0),
+            background_max,
         }
     }
 
@@ -149,11 +150,11 @@ impl Wb {
     }
 
     /// Counts one more background stripe write, if fewer than
-    /// [`BACKGROUND`] run; pair with [`Wb::background_end`].
+    /// `wb_bg` run; pair with [`Wb::background_end`].
     pub fn background_start(&self) -> bool {
         self.background
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < BACKGROUND).then_some(n + 1)
+                (n < self.background_max).then_some(n + 1)
             })
             .is_ok()
     }

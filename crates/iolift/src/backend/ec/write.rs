@@ -23,7 +23,7 @@
 //!    next flush, meta.rs).
 //!
 //! A stripe the buffer completes is written on a thread of the blocking
-//! pool (at most `wb::BACKGROUND` at once), so that the request's thread
+//! pool (at most `wb_bg` at once), so that the request's thread
 //! goes on receiving; a flush waits for those writes.
 //!
 //! After a crash an update whose journal entries are all there is
@@ -123,7 +123,7 @@ impl Inner {
 
     /// Puts `pieces` of stripe `s` in the write-back buffer, writing the
     /// stripe if that completes it (on a thread of the blocking pool while
-    /// fewer than `wb::BACKGROUND` such writes run, so that the request
+    /// fewer than `wb_bg` such writes run, so that the request
     /// thread goes on receiving; else here), and first another one if the
     /// budget needs room (or `pieces` now, if room cannot be made).
     async fn write_buffered(self: &Arc<Self>, s: u64, pieces: Vec<Piece>) -> Result<(), Errno> {
