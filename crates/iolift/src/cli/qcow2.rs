@@ -28,7 +28,7 @@ pub enum Qcow2Cmd {
     Snapshot(SnapshotCmd),
     /// Send a command to a running server's control socket
     /// (qcow2:IMAGE,control=SOCKET): stats | snapshot list |
-    /// snapshot create NAME | snapshot delete NAME |
+    /// snapshot create NAME | snapshot delete NAME | snapshot revert NAME |
     /// discard OFFSET LENGTH | compact | cache ENTRIES | flush
     Control {
         socket: PathBuf,

@@ -10,6 +10,7 @@
 //! snapshot list                one line per snapshot: ID NAME DATE
 //! snapshot create NAME
 //! snapshot delete NAME
+//! snapshot revert NAME         (alias apply) the disk as at the snapshot
 //! discard OFFSET LENGTH        whole clusters inside the range
 //! compact                      move clusters to the front, cut the file
 //! cache ENTRIES                resize every data path's mapping cache
@@ -200,6 +201,12 @@ pub fn run(cp: &ControlPlane, lat: &Latency, uring: Option<&Uring>, line: &str) 
         ["snapshot", "delete", name] => cp
             .snapshot_delete(name)
             .with_context(|| format!("snapshot delete {name:?}"))?,
+        // Under the control plane's lock: every cached mapping is
+        // invalidated (waiting for the I/O in flight on it) before the
+        // active L1 table changes; requests after it see the snapshot.
+        ["snapshot", "revert" | "apply", name] => cp
+            .snapshot_revert(name)
+            .with_context(|| format!("snapshot revert {name:?}"))?,
         ["discard", rest @ ..] if rest.len() <= 2 => {
             let off = num("discard OFFSET", rest.first().copied())?;
             let len = num("discard LENGTH", rest.get(1).copied())?;
@@ -237,7 +244,7 @@ pub fn run(cp: &ControlPlane, lat: &Latency, uring: Option<&Uring>, line: &str) 
         ["flush"] => cp.flush().context("flush")?,
         [] => bail!("empty command"),
         _ => bail!(
-            "unknown command {line:?} (stats, snapshot list|create NAME|delete NAME, \
+            "unknown command {line:?} (stats, snapshot list|create NAME|delete NAME|revert NAME, \
              discard OFFSET LENGTH, compact, cache ENTRIES, flush)"
         ),
     }
