@@ -136,6 +136,7 @@ impl Slot {
         flags: i32,
     ) -> FsResult<*mut FileT> {
         let c = &self.conn;
+        let ino = self.key(fh, ino);
         if let Some(sh) = self.opens.get_mut(&ino) {
             if flags & libc::O_TRUNC != 0 {
                 // SAFETY: sh.p is an open file of c.
@@ -165,8 +166,21 @@ impl Slot {
         Ok(p)
     }
 
+    /// The key of handle `fh`'s open: its node where opens are shared
+    /// (NFSv4), the handle itself otherwise (NFSv3 opens hold no server
+    /// state, and a node's inode number may come back for a new file
+    /// while the old file's open is still being released).
+    fn key(&self, fh: u64, ino: u64) -> u64 {
+        if self.share {
+            ino
+        } else {
+            fh
+        }
+    }
+
     /// Records `p`, just opened for node `ino`, as handle `fh`'s open.
     pub(super) fn adopt(&mut self, fh: u64, ino: u64, p: *mut FileT) {
+        let ino = self.key(fh, ino);
         if let Some(old) = self.opens.insert(ino, Shared { p, users: 1 }) {
             // Two opens raced here: the newer one carries the open state;
             // the older libnfs handle is dropped without a CLOSE (a small

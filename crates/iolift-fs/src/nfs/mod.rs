@@ -75,8 +75,11 @@ pub(crate) struct Slot {
     pub(super) conn: Conn,
     /// Our handle -> node, for the handles used on this connection.
     pub(super) files: HashMap<u64, u64>,
-    /// One NFS open per node on this connection, shared by its handles.
+    /// NFS opens by node (NFSv4: shared by the node's handles) or by
+    /// handle (NFSv3).
     pub(super) opens: HashMap<u64, files::Shared>,
+    /// Whether a node's handles share one open (NFSv4).
+    pub(super) share: bool,
 }
 
 // SAFETY: the file pointers belong to the connection and are used only
@@ -152,6 +155,7 @@ impl NfsFs {
                 conn,
                 files: HashMap::new(),
                 opens: HashMap::new(),
+                share: opts.version == 4,
             }));
         }
         let root = {
@@ -449,10 +453,11 @@ impl NfsFs {
             .and_then(|_| ffi::cvt(unsafe { (s.conn.api.fstat64)(s.conn.cx, p, &mut st) }))
             .and_then(|_| {
                 // libnfs 4.0's NFSv4 create leaves the server's default
-                // mode (0600 from ganesha): set the one asked for.
+                // mode (0600 from ganesha): set the one asked for, through
+                // the open file.
                 if st.mode as u32 & 0o7777 != want {
-                    // SAFETY: valid context and path.
-                    ffi::cvt(unsafe { (s.conn.api.chmod)(s.conn.cx, path.as_ptr(), want as i32) })?;
+                    // SAFETY: p is an open file of this context.
+                    ffi::cvt(unsafe { (s.conn.api.fchmod)(s.conn.cx, p, want as i32) })?;
                     st.mode = (st.mode & !0o7777) | want as u64;
                 }
                 self.enter(parent, name, &st)
