@@ -1,6 +1,7 @@
-//! `iolift fs mount nfs://...`: the nfs backend (a user-space NFSv4 client
-//! through libnfs, NFSv3 by default) against nfs-ganesha serving a temporary directory with
-//! its VFS backend on loopback, through the kernel's FUSE client. Real
+//! `iolift fs mount nfs://...`: the nfs backend (a user-space NFS client
+//! through libnfs, NFSv3 by default) against nfs-ganesha serving a
+//! temporary directory with its VFS backend on loopback, through the
+//! kernel's FUSE client. Real
 //! workloads (fio verify, tar in and out, git, sqlite3, rsync -c), each
 //! checked byte for byte in the exported directory itself; renames of open
 //! files and directories; clear errors for a missing server or export; EIO,
