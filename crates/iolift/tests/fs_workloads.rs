@@ -464,7 +464,7 @@ fn bad_arguments_fail_with_a_clear_message() {
     };
     let t = tmp.path().to_str().unwrap();
     bad(&["mirror:/no/such/dir", t], "/no/such/dir");
-    bad(&["nfs://x/y", t], "unknown file-system backend");
+    bad(&["nosuch:x", t], "unknown file-system backend");
     bad(&["null:12Q", t], "null:12Q");
     bad(&["null", "/no/such/mountpoint"], "/no/such/mountpoint");
     bad(&["null", t, "--threads", "0"], "--threads");
