@@ -145,14 +145,29 @@ fn metrics_report_each_poll_mode_per_connection() {
     );
     // the judge has compared polled and unpolled request cycles (a probe
     // takes 192 requests; fio at QD1 sends thousands a second) and shows
-    // what it measured: both medians, a QD1 cycle on a memory export
-    // being microseconds to a few milliseconds
+    // what it measured: both figures, a QD1 cycle on a memory export
+    // being microseconds to a few milliseconds. The one excuse: on a busy
+    // machine the controller backs off and the probe's polled window
+    // cannot finish (its cycles do not poll, so they are not counted).
     let verdicts = sum(&during, "iolift_nbd_poll_verdicts_total", "verdict");
-    assert!(verdicts >= 1.0, "no probe finished:\n{during}");
-    let cycles = samples(&during, "iolift_nbd_poll_cycle_ns");
-    assert_eq!(cycles.len(), 2, "{during}");
-    for (l, v) in &cycles {
-        assert!((1_000.0..=10_000_000.0).contains(v), "{l} = {v}:\n{during}");
+    if verdicts >= 1.0 {
+        let cycles = samples(&during, "iolift_nbd_poll_cycle_ns");
+        assert_eq!(cycles.len(), 2, "{during}");
+        for (l, v) in &cycles {
+            assert!((1_000.0..=10_000_000.0).contains(v), "{l} = {v}:\n{during}");
+        }
+    } else {
+        let stall = sum(&during, "iolift_nbd_poll_cpu_stall_permille", "export");
+        let busy = sum(&during, "iolift_nbd_poll_backoffs_total", "reason=\"load\"")
+            + sum(
+                &during,
+                "iolift_nbd_poll_backoffs_total",
+                "reason=\"descheduled\"",
+            );
+        assert!(
+            stall > 200.0 && busy >= 1.0,
+            "no probe finished on a quiet machine:\n{during}"
+        );
     }
     if st[0] == "unpolled" {
         assert_eq!(sum(&during, "iolift_nbd_poll_budget_us", "export"), 0.0);
