@@ -1,12 +1,16 @@
 //! File-system virtualization: one FUSE-shaped request model
 //! ([`FileSystem`], [`model`]), backends that implement it ([`null`],
-//! [`mirror`]) and a front-end that serves one to the kernel's FUSE client
-//! ([`kernel`]). See docs/fs.md.
+//! [`mirror`], [`nfs`], [`kv`]) and front-ends that serve one to the
+//! kernel's FUSE client ([`kernel`]) or to a virtual machine over
+//! vhost-user ([`virtio`]). See docs/fs.md.
 //!
 //! ```text
 //!  application -> kernel VFS -> FUSE client -> /dev/fuse (one cloned fd per worker)
 //!    -> kernel::adapter (fuser request -> FileSystem call + Done)
-//!    -> backend (null | mirror:DIR) -> Done -> reply written to /dev/fuse
+//!    -> backend (null | mirror:DIR | nfs://HOST/EXPORT | kv:rados:POOL)
+//!    -> Done -> reply written to /dev/fuse
+//!  guest virtio-fs client -> virtqueue -> virtio::session (FUSE request decoded)
+//!    -> the same FileSystem call -> reply written into the guest's buffers
 //! ```
 
 pub mod fs;
@@ -68,7 +72,7 @@ pub fn open_backend(spec: &str, o: &BackendOptions) -> Result<Arc<dyn FileSystem
         ("kv", Some(a)) => Ok(Arc::new(kv::KvFs::open(a, o.mirror.ttl)?)),
         ("kv", None) => Err(format!("kv needs a store: {}", kv::spec::USAGE)),
         _ => Err(format!(
-            "unknown file-system backend {kind:?} (known: null, null:SIZE, mirror:DIR)"
+            "unknown file-system backend {kind:?} (known: null, null:SIZE, mirror:DIR, nfs://HOST/EXPORT, kv:rados:POOL)"
         )),
     }
 }

@@ -1,5 +1,6 @@
 //! `iolift fs mount BACKEND MOUNTPOINT`: serves a file-system backend of
-//! crates/iolift-fs (`null`, `null:SIZE`, `mirror:DIR`) to the kernel's
+//! crates/iolift-fs (`null`, `null:SIZE`, `mirror:DIR`, `nfs://HOST/EXPORT`,
+//! `kv:rados:POOL`) to the kernel's
 //! FUSE client on MOUNTPOINT until SIGINT or SIGTERM (or an unmount from
 //! outside), then unmounts. See docs/fs.md.
 
@@ -26,11 +27,12 @@ pub struct FsArgs {
 
 #[derive(Subcommand, Debug)]
 enum Sub {
-    /// Mount BACKEND (null, null:SIZE, mirror:DIR) on MOUNTPOINT through
-    /// the kernel's FUSE client (root); serve until SIGINT/SIGTERM.
+    /// Mount BACKEND (null, null:SIZE, mirror:DIR, nfs://HOST/EXPORT,
+    /// kv:rados:POOL) on MOUNTPOINT through the kernel's FUSE client (root);
+    /// serve until SIGINT/SIGTERM.
     Mount(MountArgs),
-    /// Serve BACKEND (null, null:SIZE, mirror:DIR; or --shared-dir DIR) to a
-    /// virtual machine over a vhost-user socket (QEMU's vhost-user-fs-pci);
+    /// Serve BACKEND (null, null:SIZE, mirror:DIR, nfs://HOST/EXPORT,
+    /// kv:rados:POOL; or --shared-dir DIR) to a virtual machine over a vhost-user socket (QEMU's vhost-user-fs-pci);
     /// the guest mounts it with `mount -t virtiofs TAG /mnt`. Serves one
     /// connection, then exits (as virtiofsd does).
     ServeVirtiofs(Box<virtio::VirtioArgs>),
@@ -41,7 +43,7 @@ enum Sub {
 
 #[derive(Args, Debug)]
 struct MountArgs {
-    /// null | null:SIZE | mirror:DIR
+    /// null | null:SIZE | mirror:DIR | nfs://HOST/EXPORT | kv:rados:POOL
     backend: String,
     /// An existing directory.
     mountpoint: PathBuf,

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct VirtioArgs {
-    /// null | null:SIZE | mirror:DIR (or give --shared-dir DIR instead).
+    /// null | null:SIZE | mirror:DIR | nfs://HOST/EXPORT | kv:rados:POOL
+    /// (or give --shared-dir DIR instead).
     backend: Option<String>,
     /// The directory to share: the same as the backend mirror:DIR.
     #[arg(long, value_name = "DIR")]
@@ -50,7 +51,7 @@ pub fn run(a: VirtioArgs) -> Result<ExitCode> {
         (Some(b), None) => b.clone(),
         (None, Some(d)) => format!("mirror:{}", d.display()),
         (Some(_), Some(_)) => bail!("give either BACKEND or --shared-dir, not both"),
-        (None, None) => bail!("no backend: give BACKEND (null, mirror:DIR) or --shared-dir DIR"),
+        (None, None) => bail!("no backend: give BACKEND (null, mirror:DIR, nfs://HOST/EXPORT, kv:rados:POOL) or --shared-dir DIR"),
     };
     if !(1..=64).contains(&a.queues) {
         bail!("--queues {}: must be 1 to 64", a.queues);
