@@ -160,6 +160,31 @@ pub fn wait_child(c: &mut Child, t: Duration) -> Option<ExitStatus> {
     }
 }
 
+/// Time limit of [`tool_output`] and [`tool_ok`]: generous, as some peer
+/// runs (osdmaptool on maps with a million PGs) take minutes on a loaded
+/// two-core machine.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Runs `prog` (found like [`require_tool`], or an absolute path) with
+/// `args` and returns its exit code (-1 when killed by a signal), stdout
+/// and stderr. The program sees `prog` as given as its name (argv\[0\]), so
+/// messages that print it read as they would from a shell. A run past
+/// [`TOOL_TIMEOUT`] fails the test.
+pub fn tool_output(prog: &str, args: &[&str]) -> (i32, String, String) {
+    use std::os::unix::process::CommandExt;
+    let mut c = cmd(prog);
+    c.arg0(prog).args(args);
+    let o = run_timeout(&mut c, TOOL_TIMEOUT);
+    (o.status.code().unwrap_or(-1), o.stdout, o.stderr)
+}
+
+/// [`tool_output`], asserting exit code 0; returns stdout.
+pub fn tool_ok(prog: &str, args: &[&str]) -> String {
+    let (code, out, err) = tool_output(prog, args);
+    assert_eq!(code, 0, "{prog} {args:?}: {out}{err}");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,29 +264,4 @@ mod tests {
         c.kill().unwrap();
         assert!(wait_child(&mut c, Duration::from_secs(10)).is_some());
     }
-}
-
-/// Time limit of [`tool_output`] and [`tool_ok`]: generous, as some peer
-/// runs (osdmaptool on maps with a million PGs) take minutes on a loaded
-/// two-core machine.
-pub const TOOL_TIMEOUT: Duration = Duration::from_secs(900);
-
-/// Runs `prog` (found like [`require_tool`], or an absolute path) with
-/// `args` and returns its exit code (-1 when killed by a signal), stdout
-/// and stderr. The program sees `prog` as given as its name (argv\[0\]), so
-/// messages that print it read as they would from a shell. A run past
-/// [`TOOL_TIMEOUT`] fails the test.
-pub fn tool_output(prog: &str, args: &[&str]) -> (i32, String, String) {
-    use std::os::unix::process::CommandExt;
-    let mut c = cmd(prog);
-    c.arg0(prog).args(args);
-    let o = run_timeout(&mut c, TOOL_TIMEOUT);
-    (o.status.code().unwrap_or(-1), o.stdout, o.stderr)
-}
-
-/// [`tool_output`], asserting exit code 0; returns stdout.
-pub fn tool_ok(prog: &str, args: &[&str]) -> String {
-    let (code, out, err) = tool_output(prog, args);
-    assert_eq!(code, 0, "{prog} {args:?}: {out}{err}");
-    out
 }
