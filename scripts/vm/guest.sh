@@ -233,7 +233,7 @@ fi
 if [[ -z $JOB ]]; then JOB=$(mktemp -d /tmp/iolift-guest.XXXXXX); fi
 mkdir -p "$JOB"
 JOB=$(cd "$JOB" && pwd)
-rm -f "$JOB/rc" "$JOB/out.log" "$JOB/clock"
+rm -f "$JOB/rc" "$JOB/out.log" "$JOB/clock" "$JOB/started"
 if [[ -n $SCRIPT ]]; then
     cp "$SCRIPT" "$JOB/cmd.sh"
 elif (($#)); then
@@ -264,6 +264,7 @@ if [ "$NET" = 1 ]; then
 fi
 echo "[guest] ready: kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
 cd /root
+: >/run/job/started
 bash /run/job/cmd.sh 2>&1 | tee /run/job/out.log
 rc=${PIPESTATUS[0]}
 echo "[guest] exit status $rc, up $(cut -d' ' -f1 /proc/uptime) s"
@@ -288,10 +289,22 @@ Q=(qemu-system-x86_64 -accel tcg,thread=multi,tb-size=256 -cpu max -machine pc
 
 log "job $JOB, kernel $(cat "$CACHE/kernel/version"), timeout ${TIMEOUT}s"
 start=$(date +%s)
-set +e
-timeout -k 5 "$TIMEOUT" "${Q[@]}" </dev/null 2>"$JOB/qemu.err" | sed -u -e 's/\r$//' -e 's/\x1b[[0-9;?]*[A-Za-z]//g' -e 's/\x1bc//g'
-qrc=${PIPESTATUS[0]}
-set -e
+# A guest that dies before it starts the job (an emulator fault while the
+# kernel boots: seen once as an int3 Oops while the kernel patched its own
+# code under multi-threaded TCG) is booted once more; nothing of the job
+# has run then. A guest that started the job is never booted again.
+for attempt in 1 2; do
+    set +e
+    timeout -k 5 "$TIMEOUT" "${Q[@]}" </dev/null 2>"$JOB/qemu.err" | sed -u -e 's/\r$//' -e 's/\x1b[[0-9;?]*[A-Za-z]//g' -e 's/\x1bc//g'
+    qrc=${PIPESTATUS[0]}
+    set -e
+    if [[ $qrc == 124 || $qrc == 137 || -f $JOB/started || -f $JOB/rc ]]; then
+        break
+    fi
+    if ((attempt == 1)); then
+        log "the guest stopped before it started the job (qemu status $qrc): booting it once more"
+    fi
+done
 took=$(($(date +%s) - start))
 grep -v '^$' "$JOB/qemu.err" >&2 || true
 if [[ $qrc == 124 || $qrc == 137 ]]; then
