@@ -8,91 +8,31 @@
 //! missing tool fails the test with the package to install.
 
 mod common;
+#[path = "common/fs_mount.rs"]
+mod fs_mount;
 mod rbd_util;
 use common::*;
+use fs_mount::FsMount;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::path::Path;
+use std::process::Command;
 
 const POOL: &str = "kvfs";
 
-/// A running `iolift fs mount`; SIGTERM (which must unmount and exit 0)
-/// on `stop` or drop.
-struct KvMount {
-    child: Option<Child>,
-    mnt: PathBuf,
-}
-
-impl KvMount {
-    fn start(spec: &str, mnt: &Path) -> KvMount {
-        fs::create_dir_all(mnt).unwrap();
-        let mut child = Command::new(iolift_bin())
-            .args(["fs", "mount", spec])
-            .arg(mnt)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn iolift fs mount");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
-        let deadline = Instant::now() + START_TIMEOUT;
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(l) => assert!(l.contains("serving kv"), "first line: {l}"),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("iolift fs mount {spec} did not come up: {:?}", child.wait());
-            }
-        }
-        assert!(is_mounted(mnt), "{} is not a mount point", mnt.display());
-        KvMount {
-            child: Some(child),
-            mnt: mnt.to_path_buf(),
-        }
-    }
-
-    fn stop(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let st = wait_child(&mut c, STOP_TIMEOUT);
-        if st.is_none() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let mounted = is_mounted(&self.mnt);
-        if mounted {
-            umount_lazy(&self.mnt);
-        }
-        if !std::thread::panicking() {
-            assert!(!mounted, "still mounted after SIGTERM");
-            assert!(
-                st.is_some_and(|s| s.success()),
-                "exit after SIGTERM: {st:?}"
-            );
-        }
-    }
-
-    fn p(&self, name: &str) -> PathBuf {
-        self.mnt.join(name)
-    }
-}
-
-impl Drop for KvMount {
-    fn drop(&mut self) {
-        self.stop()
-    }
+/// Mounts the kv backend `spec` on `mnt`; its first line must say it
+/// serves kv.
+fn kv_mount(spec: &str, mnt: &Path) -> FsMount {
+    let m = FsMount::start(spec, mnt, &[]);
+    assert!(
+        m.lines[0].contains("serving kv"),
+        "first line: {:?}",
+        m.lines
+    );
+    m
 }
 
 fn rados(conf: &Path, args: &[&str]) -> Out {
@@ -206,7 +146,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
         assert!(!is_mounted(&mnt));
     }
 
-    let mut m = KvMount::start(&spec, &mnt);
+    let mut m = kv_mount(&spec, &mnt);
 
     // fio verify on a few files (two jobs, one file each).
     let out = run_ok(
@@ -321,7 +261,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
         })
         .collect();
     m.stop();
-    let m = KvMount::start(&spec, &mnt);
+    let m = kv_mount(&spec, &mnt);
     assert_eq!(fs::read_dir(&mnt).unwrap().count(), files_before);
     for (n, ino, len) in &sizes {
         let md = fs::metadata(m.p(n)).unwrap();

@@ -15,12 +15,14 @@ use std::time::Instant;
 pub struct FsMount {
     child: Option<Child>,
     pub mnt: PathBuf,
-    /// The first line it printed (the serving line).
+    /// The first lines it printed (the serving line; the metrics line
+    /// with `--metrics`).
     pub lines: Vec<String>,
 }
 
 impl FsMount {
-    /// Mounts `backend` on `mnt` and waits for the serving line.
+    /// Mounts `backend` on `mnt` and waits for the serving line (and,
+    /// when `extra` has `--metrics`, the metrics line after it).
     pub fn start(backend: &str, mnt: &Path, extra: &[&str]) -> FsMount {
         require_root("the FUSE tests need root (mount(2))");
         fs::create_dir_all(mnt).unwrap();
@@ -33,25 +35,37 @@ impl FsMount {
             .spawn()
             .expect("spawn iolift fs mount");
         let out = child.stdout.take().unwrap();
+        let want = if extra.contains(&"--metrics") { 2 } else { 1 };
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for l in BufReader::new(out).lines().map_while(Result::ok) {
                 let _ = tx.send(l);
             }
         });
+        let mut lines = Vec::new();
         let deadline = Instant::now() + START_TIMEOUT;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let Ok(line) = rx.recv_timeout(left) else {
-            let _ = child.kill();
-            let st = child.wait();
-            panic!("iolift fs mount {backend} did not come up ({st:?})");
-        };
+        while lines.len() < want {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => lines.push(l),
+                Err(_) => {
+                    let _ = child.kill();
+                    let st = child.wait();
+                    panic!("iolift fs mount {backend} did not come up ({st:?}); printed {lines:?}");
+                }
+            }
+        }
         assert!(is_mounted(mnt), "{} is not a mount point", mnt.display());
         FsMount {
             child: Some(child),
             mnt: mnt.to_path_buf(),
-            lines: vec![line],
+            lines,
         }
+    }
+
+    /// `name` under the mount point.
+    pub fn p(&self, name: &str) -> PathBuf {
+        self.mnt.join(name)
     }
 
     /// SIGTERM; the server must unmount and exit 0.
