@@ -14,6 +14,7 @@
 //! ```
 
 pub mod fs;
+pub mod handles;
 pub mod kernel;
 pub mod kv;
 pub mod mirror;

@@ -4,11 +4,9 @@
 use super::{sys, MirrorFs};
 use crate::model::*;
 use bytes::Bytes;
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 /// One open file or directory.
 #[derive(Debug)]
@@ -19,54 +17,7 @@ pub struct Handle {
 }
 
 /// Open handles by `fh`, at most `max` (ENFILE beyond).
-pub struct Handles {
-    map: RwLock<HashMap<u64, Arc<Handle>>>,
-    next: AtomicU64,
-    max: usize,
-}
-
-impl Handles {
-    pub fn new(max: usize) -> Handles {
-        Handles {
-            map: RwLock::new(HashMap::new()),
-            next: AtomicU64::new(1),
-            max: max.max(1),
-        }
-    }
-
-    pub fn add(&self, h: Handle) -> FsResult<u64> {
-        let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
-        if m.len() >= self.max {
-            return Err(Errno::ENFILE);
-        }
-        let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        m.insert(fh, Arc::new(h));
-        Ok(fh)
-    }
-
-    /// The handle `fh` (EBADF if it is not open: a malformed request).
-    pub fn get(&self, fh: u64) -> FsResult<Arc<Handle>> {
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&fh)
-            .cloned()
-            .ok_or(Errno::EBADF)
-    }
-
-    pub fn remove(&self, fh: u64) -> FsResult<()> {
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh)
-            .map(drop)
-            .ok_or(Errno::EBADF)
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).len()
-    }
-}
+pub type Handles = crate::handles::HandleTable<Handle>;
 
 impl MirrorFs {
     /// open(2) flags as the host open gets them.

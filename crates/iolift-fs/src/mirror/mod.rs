@@ -441,7 +441,7 @@ impl FileSystem for MirrorFs {
         true
     }
     fn release(&self, _: &Ctx, _: u64, fh: u64, done: Done<()>) {
-        done.send(self.handles.remove(fh))
+        done.send(self.handles.remove(fh).map(drop))
     }
     fn fsync(&self, _: &Ctx, _: u64, fh: u64, datasync: bool, done: Done<()>) {
         done.send(self.sync(fh, datasync))
@@ -464,7 +464,7 @@ impl FileSystem for MirrorFs {
         done.send(self.list_plus(ino, fh, off, max))
     }
     fn releasedir(&self, _: &Ctx, _: u64, fh: u64, done: Done<()>) {
-        done.send(self.handles.remove(fh))
+        done.send(self.handles.remove(fh).map(drop))
     }
     fn fsyncdir(&self, _: &Ctx, _: u64, fh: u64, datasync: bool, done: Done<()>) {
         done.send(self.sync(fh, datasync))

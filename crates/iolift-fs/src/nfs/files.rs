@@ -13,10 +13,7 @@
 use super::ffi::{self, FileT, Stat64};
 use super::{NfsFs, Slot};
 use crate::model::*;
-use std::collections::HashMap;
 use std::ffi::{CStr, OsStr, OsString};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
 /// One entry of a directory listing, with the attributes the server sent.
 pub struct Listed {
@@ -40,68 +37,7 @@ pub enum Open {
 }
 
 /// Open handles by `fh`, at most `max` (ENFILE beyond).
-pub struct Handles {
-    map: RwLock<HashMap<u64, Arc<Open>>>,
-    next: AtomicU64,
-    max: usize,
-}
-
-impl Handles {
-    pub fn new(max: usize) -> Handles {
-        Handles {
-            map: RwLock::new(HashMap::new()),
-            next: AtomicU64::new(1),
-            max: max.max(1),
-        }
-    }
-
-    /// Checks that one more handle fits (before opening anything remote).
-    pub fn room(&self) -> FsResult<()> {
-        if self.len() >= self.max {
-            return Err(Errno::ENFILE);
-        }
-        Ok(())
-    }
-
-    pub fn add(&self, o: Open) -> FsResult<u64> {
-        let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
-        if m.len() >= self.max {
-            return Err(Errno::ENFILE);
-        }
-        let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        m.insert(fh, Arc::new(o));
-        Ok(fh)
-    }
-
-    /// The handle `fh` (EBADF if it is not open: a malformed request).
-    pub fn get(&self, fh: u64) -> FsResult<Arc<Open>> {
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&fh)
-            .cloned()
-            .ok_or(Errno::EBADF)
-    }
-
-    pub fn contains(&self, fh: u64) -> bool {
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&fh)
-    }
-
-    pub fn remove(&self, fh: u64) -> FsResult<Arc<Open>> {
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh)
-            .ok_or(Errno::EBADF)
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).len()
-    }
-}
+pub type Handles = crate::handles::HandleTable<Open>;
 
 /// Flags for opening an already open file again on another connection.
 pub fn reopen_flags(flags: i32) -> i32 {
