@@ -147,33 +147,7 @@ fio_job() { # fio_job NAME RW BS QD
 }
 
 meta_job() { # meta_job stat|create|readdir
-    python3 - "$MNT" "$1" "$NFILES" "$RUNTIME" <<'PY'
-import json, os, sys, time
-d, what, n, runtime = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-ops, t0 = 0, time.perf_counter()
-if what == "stat":
-    names = [os.path.join(d, "meta", f"f{i}") for i in range(n)]
-    while time.perf_counter() - t0 < runtime:
-        for p in names:
-            os.lstat(p)
-        ops += n
-elif what == "create":
-    p = os.path.join(d, "cu")
-    while time.perf_counter() - t0 < runtime:
-        for i in range(200):
-            fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
-            os.close(fd)
-            os.unlink(p)
-        ops += 200
-elif what == "readdir":
-    m = os.path.join(d, "meta")
-    while time.perf_counter() - t0 < runtime:
-        k = sum(1 for _ in os.scandir(m))
-        assert k == n, k
-        ops += 1
-el = time.perf_counter() - t0
-print(json.dumps({"ops": ops, "ops_s": ops / el}))
-PY
+    python3 bench/fs-meta.py "$MNT" "$1" "$NFILES" "$RUNTIME" 200
 }
 
 fio --name=prep --directory="$EXP" --filename=bench.dat --size="$SIZE" --rw=write --bs=1M \
