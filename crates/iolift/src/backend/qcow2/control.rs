@@ -183,10 +183,12 @@ pub fn run(cp: &ControlPlane, lat: &Latency, uring: Option<&Uring>, line: &str) 
         ["stats"] => {
             out = stats(cp);
             if let Some(u) = uring {
-                let (ops, enters, batch) = u.stats();
-                out.push_str(&format!(
-                    "uring_ops {ops}\nuring_enters {enters}\nuring_max_batch {batch}\n"
-                ));
+                let s = u.stats();
+                let _ = write!(
+                    out,
+                    "uring_ops {}\nuring_enters {}\nuring_max_batch {}\nuring_inline_hits {}\nuring_inline_other {}\n",
+                    s.ops, s.enters, s.max_batch, s.inline_hits, s.inline_other
+                );
             }
             out.push_str(&lat.text());
         }

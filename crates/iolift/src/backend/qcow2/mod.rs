@@ -38,7 +38,7 @@ use place::{worker, Conns, Placement};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -66,8 +66,14 @@ pub const OPTIONS: &[OptHelp] = &[
     OptHelp {
         name: "engine",
         kind: Kind::Text("threads|uring"),
-        default: "threads",
-        help: "uring (needs direct): cache hits read and write through an io_uring per data path, answered from its completion thread; threads: every request on the blocking pool",
+        default: "uring with direct, else threads",
+        help: "uring (needs direct): cache hits read and write through io_uring, from the thread that read the request; threads: every request on the blocking pool. Without an engine= and where io_uring cannot be set up, direct falls back to threads (logged)",
+    },
+    OptHelp {
+        name: "inline_us",
+        kind: Kind::Count,
+        default: "10",
+        help: "engine=uring: a request alone on its data path (nothing else in flight there, idle at least this many us) runs on the thread that read it (a hit: one io_uring_enter submits and waits); 0: never",
     },
     OptHelp {
         name: "bufs",
@@ -108,6 +114,11 @@ pub struct Qcow2Config {
     pub control: Option<PathBuf>,
     /// engine=uring: registered buffers per data path (None: threads).
     pub uring: Option<usize>,
+    /// engine=uring was asked for by name (else chosen by `direct`, and
+    /// the threads engine is the fallback where io_uring fails).
+    pub uring_named: bool,
+    /// engine=uring: the `inline_us` gap (None: 0, never inline).
+    pub inline_gap: Option<Duration>,
     pub placement: Placement,
 }
 
@@ -122,7 +133,9 @@ pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
             .err("paths", format!("{paths}: 1 to {MAX_DATA_PATHS}")));
     }
     let direct = s.opts.flag("direct")?;
-    let uring = match s.opts.get("engine").unwrap_or("threads") {
+    let named = s.opts.get("engine");
+    let default = if direct { "uring" } else { "threads" };
+    let uring = match named.unwrap_or(default) {
         "threads" => None,
         "uring" if !direct => return Err(s.opts.err("engine", "uring needs direct")),
         "uring" => {
@@ -139,7 +152,15 @@ pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
         "conn" => Placement::Conn,
         p => return Err(s.opts.err("placement", format!("{p}: worker or conn"))),
     };
+    let inline_us = s.opts.u64("inline_us", 10)?;
+    if inline_us > 1_000_000 {
+        return Err(s
+            .opts
+            .err("inline_us", format!("{inline_us}: 0 to 1000000")));
+    }
     Ok(Qcow2Config {
+        uring_named: named == Some("uring"),
+        inline_gap: (inline_us > 0).then(|| Duration::from_micros(inline_us)),
         uring,
         placement,
         path: PathBuf::from(&s.arg),
@@ -163,10 +184,22 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
         .collect();
     let lat = Arc::new(Latency::new(c.opts.data_paths));
     let uring = match c.uring {
-        Some(bufs) => Some(Arc::new(
-            uring::Uring::open(&c.path, c.opts.data_paths, c.opts.read_only, bufs)
-                .with_context(|| format!("backend qcow2: {}", c.path.display()))?,
-        )),
+        Some(bufs) => {
+            let n = c.opts.data_paths;
+            match uring::Uring::open(&c.path, n, c.opts.read_only, bufs, c.inline_gap) {
+                Ok(u) => Some(Arc::new(u)),
+                Err(e) if !c.uring_named => {
+                    tracing::warn!(
+                        "qcow2 {}: io_uring not available ({e:#}); the data paths use the blocking pool (engine=threads)",
+                        c.path.display()
+                    );
+                    None
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("backend qcow2: {}", c.path.display()))
+                }
+            }
+        }
         None => None,
     };
     let control = match &c.control {
@@ -326,8 +359,10 @@ impl BlockDev for Qcow2Dev {
         }
         let w = self.inner.submitter_path().unwrap_or(0);
         let dp = &self.inner.paths[w];
-        if let Some((req, cb)) = u.try_submit(w, dp, &self.inner.lat, req, cb) {
-            crate::block::drive(self.submit_on(Some(w), req), cb);
+        match u.start(w, dp, &self.inner.lat, req, cb) {
+            uring::Start::Started => {}
+            uring::Start::Here(req, cb) => cb(self.inner.run(Some(w), req)),
+            uring::Start::Pool(req, cb) => crate::block::drive(self.submit_on(Some(w), req), cb),
         }
     }
 

@@ -1,26 +1,38 @@
 //! `engine=uring`: cache hits go to the image file through io_uring,
-//! started from the thread that took the request off the connection and
-//! answered from the ring's completion thread, with no worker pool in
-//! between.
+//! started from the thread that took the request off the connection, with
+//! no worker pool in between.
 //!
-//! Each data path has its own [`Engine`] (iolift-direct's io_uring engine:
-//! one ring, one completion thread, the image opened once more with
-//! O_DIRECT as the ring's registered file, and `bufs` registered buffers
-//! of [`BUF_SIZE`] bytes for READ_FIXED / WRITE_FIXED). A read, or an
-//! in-place write without FUA, whose mapping [`DataPath::try_hit`] finds
-//! in the path's cache is queued on that engine with its mapping pinned;
-//! the engine's thread puts everything queued into the ring with one
-//! `io_uring_enter` (batching at depth), and on completion unpins,
-//! records the hit's latency and calls the front-end's callback, which
-//! writes the reply from that thread. Everything else (misses, allocating
-//! writes, FUA, trim, flush, ...) is handed back to the blocking-pool path
-//! on the same data path, so its translation warms the cache the next hit
-//! looks in.
+//! Each data path has two [`Engine`]s (iolift-direct's io_uring engine,
+//! each with the image opened once more with O_DIRECT as the ring's
+//! registered file and registered buffers of [`BUF_SIZE`] bytes for
+//! READ_FIXED / WRITE_FIXED):
 //!
-//! Memory: per data path one ring (256 entries) and `bufs` x 16 KiB of
-//! registered (locked) buffers; requests larger than a buffer, or when all
-//! are taken, use an aligned buffer of their own size for the request's
-//! life.
+//! - the threaded one (a ring of 256 entries, `bufs` buffers, one
+//!   completion thread): the request is queued, the engine's thread puts
+//!   everything queued into the ring with one `io_uring_enter` (batching
+//!   at depth), and on completion unpins, records the hit's latency and
+//!   calls the front-end's callback, which writes the reply from that
+//!   thread;
+//! - the inline one (a ring of 8 entries, 2 buffers, no thread): used when
+//!   the request is alone on its data path ([`Depth`]); the submitting
+//!   thread puts it into the ring, submits it and waits for its completion
+//!   with one `io_uring_enter` (GETEVENTS, min_complete 1), then answers
+//!   it itself. At queue depth 1 that removes the hand-off to the ring's
+//!   thread and back.
+//!
+//! A read, or an in-place write without FUA, whose mapping
+//! [`DataPath::try_hit`] finds in the path's cache goes to one of those
+//! with its mapping pinned until it completes. Everything else (misses,
+//! allocating writes, FUA, trim, flush, ...) is handed back to the caller
+//! (`mod.rs`), which runs it on the submitting thread when it is alone on
+//! its path (the same rule) and on the blocking pool otherwise, on the
+//! same data path, so its translation warms the cache the next hit looks
+//! in.
+//!
+//! Memory: per data path two rings (256 and 8 entries) and `bufs` + 2
+//! 16 KiB registered (locked) buffers; requests larger than a buffer, or
+//! when all are taken, use an aligned buffer of their own size for the
+//! request's life.
 
 use super::lat::Latency;
 use crate::block::{Callback, Errno, Reply, Request};
@@ -29,118 +41,229 @@ use bytes::Bytes;
 use iolift_direct::{Config, Direct, Done, Engine, Op, Open, Target};
 use iolift_qcow2::{DataPath, Served};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Size of each registered buffer (a 4 KiB request and up to 16 KiB).
 pub const BUF_SIZE: usize = 16 << 10;
+/// Registered buffers of each inline ring (it runs one request at a time).
+const INLINE_BUFS: usize = 2;
+
+/// How a request should run, as [`Uring::start`] decided.
+pub enum Start {
+    /// Started on a ring; the callback will be called.
+    Started,
+    /// Not a hit, alone on its path: run it on this thread.
+    Here(Request, Callback),
+    /// Not a hit, with others in flight: run it on the blocking pool.
+    Pool(Request, Callback),
+}
+
+/// Counters of the rings of every path, summed.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UringStats {
+    /// Requests completed by the rings (both kinds).
+    pub ops: u64,
+    /// `io_uring_enter` calls (both kinds).
+    pub enters: u64,
+    /// The largest batch one submission put into a threaded ring.
+    pub max_batch: u64,
+    /// Hits the submitting thread ran on its path's inline ring.
+    pub inline_hits: u64,
+    /// Other requests (misses, allocating writes) run on the submitting
+    /// thread because they were alone on their path.
+    pub inline_other: u64,
+}
+
+/// Whether a request is alone on its data path: nothing else of the path
+/// in flight, and the request did not arrive right after the previous one
+/// was answered. The second half tells a client at queue depth 1 (its next
+/// request comes a network round trip after the reply) from requests that
+/// were already waiting in the connection's buffer while the previous one
+/// ran (which would otherwise each find the path idle, one after the
+/// other, and be served one at a time).
+struct Depth {
+    in_flight: AtomicUsize,
+    /// When the last request of the path was answered, in ns since
+    /// [`Uring::base`].
+    last_done: AtomicU64,
+}
+
+struct PathRing {
+    eng: Engine,
+    inline: Engine,
+    depth: Depth,
+    inline_hits: AtomicU64,
+    inline_other: AtomicU64,
+}
 
 pub struct Uring {
-    engines: Vec<Engine>,
+    paths: Vec<Arc<PathRing>>,
+    base: Instant,
+    /// A request finding its path idle runs on the submitting thread only
+    /// if the path has been idle at least this long (None: never).
+    gap: Option<Duration>,
+}
+
+fn engine(path: &Path, read_only: bool, cfg: Config) -> Result<Engine> {
+    let t = Target::open(
+        path,
+        &Open {
+            read: true,
+            write: !read_only,
+            direct: Direct::On,
+            create_size: None,
+        },
+    )
+    .with_context(|| format!("engine=uring: cannot open {} with O_DIRECT", path.display()))?;
+    Engine::new(t, cfg).context("engine=uring")
 }
 
 impl Uring {
-    /// One engine per data path on the image at `path`.
-    pub fn open(path: &Path, paths: usize, read_only: bool, bufs: usize) -> Result<Uring> {
-        let mut engines = Vec::with_capacity(paths);
+    /// Two engines per data path on the image at `path`; `gap`: see
+    /// [`Uring::gap`].
+    pub fn open(
+        path: &Path,
+        paths: usize,
+        read_only: bool,
+        bufs: usize,
+        gap: Option<Duration>,
+    ) -> Result<Uring> {
+        let mut v = Vec::with_capacity(paths);
         for _ in 0..paths {
-            let t = Target::open(
+            let eng = engine(
                 path,
-                &Open {
-                    read: true,
-                    write: !read_only,
-                    direct: Direct::On,
-                    create_size: None,
+                read_only,
+                Config {
+                    fixed_bufs: bufs,
+                    fixed_buf_size: BUF_SIZE,
+                    ..Config::default()
                 },
-            )
-            .with_context(|| {
-                format!("engine=uring: cannot open {} with O_DIRECT", path.display())
-            })?;
-            let cfg = Config {
-                fixed_bufs: bufs,
-                fixed_buf_size: BUF_SIZE,
-                ..Config::default()
-            };
-            engines.push(Engine::new(t, cfg).context("engine=uring")?);
+            )?;
+            let inline = engine(
+                path,
+                read_only,
+                Config {
+                    entries: 8,
+                    fixed_bufs: INLINE_BUFS,
+                    fixed_buf_size: BUF_SIZE,
+                    inline: true,
+                    ..Config::default()
+                },
+            )?;
+            v.push(Arc::new(PathRing {
+                eng,
+                inline,
+                depth: Depth {
+                    in_flight: AtomicUsize::new(0),
+                    last_done: AtomicU64::new(0),
+                },
+                inline_hits: AtomicU64::new(0),
+                inline_other: AtomicU64::new(0),
+            }));
         }
-        Ok(Uring { engines })
-    }
-
-    /// Requests completed, `io_uring_enter` calls and the largest batch,
-    /// summed (batch: the largest) over the paths' engines.
-    pub fn stats(&self) -> (u64, u64, u64) {
-        self.engines.iter().fold((0, 0, 0), |(o, e, b), g| {
-            let s = g.stats();
-            (o + s.ops, e + s.enters, b.max(s.max_batch))
+        Ok(Uring {
+            paths: v,
+            base: Instant::now(),
+            gap,
         })
     }
 
-    /// Starts `req` on data path `w`'s engine when `dp`'s cache places it
-    /// (see the top); otherwise gives `req` and `cb` back.
-    pub fn try_submit(
-        &self,
+    pub fn stats(&self) -> UringStats {
+        self.paths.iter().fold(UringStats::default(), |a, p| {
+            let (s, i) = (p.eng.stats(), p.inline.stats());
+            UringStats {
+                ops: a.ops + s.ops + i.ops,
+                enters: a.enters + s.enters + i.enters,
+                max_batch: a.max_batch.max(s.max_batch),
+                inline_hits: a.inline_hits + p.inline_hits.load(Ordering::Relaxed),
+                inline_other: a.inline_other + p.inline_other.load(Ordering::Relaxed),
+            }
+        })
+    }
+
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
+    /// Starts `req` on data path `w` (see the top). The callback given
+    /// back with [`Start::Here`] or [`Start::Pool`] must be called with the
+    /// request's completion: it counts the request out of its path.
+    pub fn start(
+        self: &Arc<Self>,
         w: usize,
         dp: &DataPath,
         lat: &Arc<Latency>,
         req: Request,
         cb: Callback,
-    ) -> Option<(Request, Callback)> {
-        let eng = &self.engines[w % self.engines.len()];
+    ) -> Start {
+        let p = self.paths[w % self.paths.len()].clone();
         let t0 = Instant::now();
-        match req {
-            Request::Read { offset, len } => {
-                let Some(hit) = dp.try_hit(offset, len as usize, false) else {
-                    return Some((req, cb));
-                };
-                let len = len as usize;
-                let buf = eng.alloc(len);
-                let lat = lat.clone();
-                eng.submit(
-                    Op::Read {
-                        offset: hit.host,
-                        buf,
-                    },
-                    Box::new(move |d: Done| {
-                        drop(hit);
-                        let r = read_reply(d, len);
-                        lat.record(w, Served::Hit, t0.elapsed());
-                        cb(r)
-                    }),
-                );
-                None
-            }
+        let before = p.depth.in_flight.fetch_add(1, Ordering::Acquire);
+        let alone = before == 0
+            && self.gap.is_some_and(|g| {
+                self.ns(t0)
+                    .saturating_sub(p.depth.last_done.load(Ordering::Relaxed))
+                    >= g.as_nanos() as u64
+            });
+        // Answers, then counts the request out of its path.
+        let me = self.clone();
+        let pr = p.clone();
+        let cb: Callback = Box::new(move |r| {
+            cb(r);
+            pr.depth
+                .last_done
+                .store(me.ns(Instant::now()), Ordering::Relaxed);
+            pr.depth.in_flight.fetch_sub(1, Ordering::Release);
+        });
+        let eng = if alone { &p.inline } else { &p.eng };
+        let op = match &req {
+            Request::Read { offset, len } => dp.try_hit(*offset, *len as usize, false).map(|h| {
+                let (offset, buf) = (h.host, eng.alloc(*len as usize));
+                (h, Op::Read { offset, buf }, *len as usize, true)
+            }),
             Request::Write {
                 offset,
-                ref data,
+                data,
                 flags,
-            } if !flags.fua => {
-                let Some(hit) = dp.try_hit(offset, data.len(), true) else {
-                    return Some((req, cb));
-                };
-                let len = data.len();
-                let mut buf = eng.alloc(len);
+            } if !flags.fua => dp.try_hit(*offset, data.len(), true).map(|h| {
+                let mut buf = eng.alloc(data.len());
                 buf.copy_from_slice(data);
-                let lat = lat.clone();
-                eng.submit(
-                    Op::Write {
-                        offset: hit.host,
-                        buf,
-                    },
-                    Box::new(move |d: Done| {
-                        drop(hit);
-                        let r = match d.result() {
-                            Ok(n) if n == len => Ok(Reply::Done(len as u64)),
-                            Ok(_) => Err(Errno::EIO),
-                            Err(e) => Err(Errno::from_io(&e)),
-                        };
-                        lat.record(w, Served::Hit, t0.elapsed());
-                        cb(r)
-                    }),
-                );
-                None
-            }
-            other => Some((other, cb)),
+                let offset = h.host;
+                (h, Op::Write { offset, buf }, data.len(), false)
+            }),
+            _ => None,
+        };
+        let Some((hit, op, len, read)) = op else {
+            return if alone {
+                p.inline_other.fetch_add(1, Ordering::Relaxed);
+                Start::Here(req, cb)
+            } else {
+                Start::Pool(req, cb)
+            };
+        };
+        let lat = lat.clone();
+        let done: iolift_direct::Callback = Box::new(move |d: Done| {
+            drop(hit);
+            let r = if read {
+                read_reply(d, len)
+            } else {
+                match d.result() {
+                    Ok(n) if n == len => Ok(Reply::Done(len as u64)),
+                    Ok(_) => Err(Errno::EIO),
+                    Err(e) => Err(Errno::from_io(&e)),
+                }
+            };
+            lat.record(w, Served::Hit, t0.elapsed());
+            cb(r)
+        });
+        if alone {
+            p.inline_hits.fetch_add(1, Ordering::Relaxed);
         }
+        // Inline: submits, waits and calls `done` before returning.
+        eng.submit(op, done);
+        Start::Started
     }
 }
 
