@@ -13,6 +13,7 @@
 //!    -> the same FileSystem call -> reply written into the guest's buffers
 //! ```
 
+pub mod batch;
 pub mod fs;
 pub mod handles;
 pub mod kernel;

@@ -114,6 +114,41 @@ impl MirrorFs {
         Ok(Bytes::from(buf))
     }
 
+    /// A read on the ring when there is one and it has a free slot, else
+    /// on this thread.
+    pub(super) fn read_on_ring(&self, fh: u64, offset: u64, size: u32, done: Done<Bytes>) {
+        let done = match (&self.uring, self.handles.get(fh)) {
+            (_, Err(e)) => return done.err(e),
+            (Some(u), Ok(h)) => match u.read(h.fd.clone(), offset, size, done) {
+                None => return,
+                Some(d) => d,
+            },
+            (None, Ok(_)) => done,
+        };
+        done.send(self.read_now(fh, offset, size))
+    }
+
+    /// A write on the ring when there is one and it has a free slot (and
+    /// no set-user-ID bit may need clearing after it), else on this thread.
+    pub(super) fn write_on_ring(
+        &self,
+        fh: u64,
+        off: u64,
+        data: &[u8],
+        kill: bool,
+        done: Done<u32>,
+    ) {
+        let done = match (&self.uring, self.handles.get(fh)) {
+            (_, Err(e)) => return done.err(e),
+            (Some(u), Ok(h)) if !kill => match u.write(h.fd.clone(), off, data, done) {
+                None => return,
+                Some(d) => d,
+            },
+            _ => done,
+        };
+        done.send(self.write_now(fh, off, data, kill))
+    }
+
     pub(super) fn write_now(&self, fh: u64, offset: u64, data: &[u8], kill: bool) -> FsResult<u32> {
         let h = self.handles.get(fh)?;
         let n = sys::pwrite_all(h.fd.as_fd(), data, offset)?;

@@ -12,14 +12,18 @@
 //! their own, reopened from the node through `/proc/self/fd`, so a file
 //! unlinked while open stays readable and writable.
 //!
-//! Data requests run on the front-end's worker thread that received them
-//! (pread/pwrite on the host fd, "reply now"); with `passthrough` the
-//! kernel reads and writes the host file itself (FUSE passthrough).
+//! Reads and writes of open files go to an io_uring ([`uring`], at most
+//! `uring_depth` in flight) and complete later ("complete later"); with
+//! `uring_depth` 0, or when the ring is full or cannot be set up, they run
+//! on the front-end's worker thread that received them (pread/pwrite on
+//! the host fd, "reply now"). With `passthrough` the kernel reads and
+//! writes the host file itself (FUSE passthrough).
 
 mod dir;
 mod files;
 mod nodes;
 mod sys;
+mod uring;
 
 use crate::fs::FileSystem;
 use crate::model::*;
@@ -46,6 +50,10 @@ pub struct MirrorOptions {
     /// The kernel's writeback cache is on: files opened write-only are
     /// opened read-write on the host and O_APPEND is left to the kernel.
     pub writeback: bool,
+    /// Reads and writes in flight on the io_uring data path at most (0:
+    /// none, every read and write runs on the thread that received it).
+    /// Each holds its buffer, at most one request's data (1 MiB).
+    pub uring_depth: usize,
 }
 
 impl Default for MirrorOptions {
@@ -56,6 +64,7 @@ impl Default for MirrorOptions {
             ttl: Duration::from_secs(1),
             passthrough: false,
             writeback: false,
+            uring_depth: 64,
         }
     }
 }
@@ -68,6 +77,7 @@ pub struct MirrorFs {
     proc_fd: OwnedFd,
     opts: MirrorOptions,
     euid: u32,
+    uring: Option<uring::Uring>,
 }
 
 impl MirrorFs {
@@ -93,7 +103,20 @@ impl MirrorFs {
             );
             opts.max_nodes = opts.max_nodes.min(fit);
         }
+        let uring = match opts.uring_depth {
+            0 => None,
+            d => match uring::Uring::new(d) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    tracing::warn!(
+                        "mirror: no io_uring ({e}): reads and writes run on the worker threads"
+                    );
+                    None
+                }
+            },
+        };
         Ok(MirrorFs {
+            uring,
             dir: dir.to_path_buf(),
             nodes: Nodes::new(root, (st.st_dev, st.st_ino), opts.max_nodes),
             handles: Handles::new(opts.max_handles),
@@ -422,10 +445,10 @@ impl FileSystem for MirrorFs {
         done.send(self.open_file(ino, flags))
     }
     fn read(&self, _: &Ctx, _: u64, fh: u64, offset: u64, size: u32, done: Done<Bytes>) {
-        done.send(self.read_now(fh, offset, size))
+        self.read_on_ring(fh, offset, size, done)
     }
     fn write(&self, _: &Ctx, _: u64, fh: u64, off: u64, data: &[u8], kill: bool, done: Done<u32>) {
-        done.send(self.write_now(fh, off, data, kill))
+        self.write_on_ring(fh, off, data, kill, done)
     }
     fn handles_killpriv(&self) -> bool {
         true

@@ -24,6 +24,11 @@ pub(super) struct BudgetArgs {
     /// mirror: open files and directories at most; each holds an fd.
     #[arg(long, default_value_t = 4096)]
     pub max_handles: usize,
+    /// mirror: reads and writes in flight on the io_uring data path at most
+    /// (each holds its buffer, at most 1 MiB); 0 serves every read and write
+    /// on the thread that received it (pread/pwrite).
+    #[arg(long, default_value_t = 64)]
+    pub uring_depth: usize,
     /// Serve Prometheus metrics (per-operation counts and latency) on ADDR.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
@@ -40,12 +45,16 @@ impl BudgetArgs {
         if self.max_nodes == 0 || self.max_handles == 0 {
             bail!("--max-nodes and --max-handles must be at least 1");
         }
+        if self.uring_depth > 4096 {
+            bail!("--uring-depth must be at most 4096 (0: no io_uring)");
+        }
         Ok(MirrorOptions {
             max_nodes: self.max_nodes,
             max_handles: self.max_handles,
             ttl: self.ttl(),
             passthrough,
             writeback,
+            uring_depth: self.uring_depth,
         })
     }
 }
