@@ -49,6 +49,10 @@ use std::time::{Duration, Instant};
 pub const BUF_SIZE: usize = 16 << 10;
 /// Registered buffers of each inline ring (it runs one request at a time).
 const INLINE_BUFS: usize = 2;
+/// After a request that found its path idle but came right after the
+/// previous answer (so it had been waiting behind it), no request of the
+/// path runs inline for this long: the client is at depth.
+const DEPTH_HOLD: Duration = Duration::from_millis(1);
 
 /// How a request should run, as [`Uring::start`] decided.
 pub enum Start {
@@ -82,12 +86,17 @@ pub struct UringStats {
 /// request comes a network round trip after the reply) from requests that
 /// were already waiting in the connection's buffer while the previous one
 /// ran (which would otherwise each find the path idle, one after the
-/// other, and be served one at a time).
+/// other, and be served one at a time). Such a request also keeps the
+/// path off the inline ring for [`DEPTH_HOLD`], so that a thread delayed
+/// between two requests (a busy machine) does not make a client at depth
+/// look like one at depth 1.
 struct Depth {
     in_flight: AtomicUsize,
     /// When the last request of the path was answered, in ns since
     /// [`Uring::base`].
     last_done: AtomicU64,
+    /// No inline request before this time (ns since [`Uring::base`]).
+    hold_until: AtomicU64,
 }
 
 struct PathRing {
@@ -158,6 +167,7 @@ impl Uring {
                 depth: Depth {
                     in_flight: AtomicUsize::new(0),
                     last_done: AtomicU64::new(0),
+                    hold_until: AtomicU64::new(0),
                 },
                 inline_hits: AtomicU64::new(0),
                 inline_other: AtomicU64::new(0),
@@ -201,12 +211,20 @@ impl Uring {
         let p = self.paths[w % self.paths.len()].clone();
         let t0 = Instant::now();
         let before = p.depth.in_flight.fetch_add(1, Ordering::Acquire);
-        let alone = before == 0
-            && self.gap.is_some_and(|g| {
-                self.ns(t0)
-                    .saturating_sub(p.depth.last_done.load(Ordering::Relaxed))
-                    >= g.as_nanos() as u64
-            });
+        let alone = match self.gap {
+            Some(g) if before == 0 => {
+                let d = &p.depth;
+                let now = self.ns(t0);
+                if now.saturating_sub(d.last_done.load(Ordering::Relaxed)) < g.as_nanos() as u64 {
+                    d.hold_until
+                        .store(now + DEPTH_HOLD.as_nanos() as u64, Ordering::Relaxed);
+                    false
+                } else {
+                    now >= d.hold_until.load(Ordering::Relaxed)
+                }
+            }
+            _ => false,
+        };
         // Answers, then counts the request out of its path.
         let me = self.clone();
         let pr = p.clone();
