@@ -1,41 +1,50 @@
 #!/usr/bin/env bash
 # qcow2 4 KiB random I/O over NBD, side by side in one run, alternating
 # servers each repeat, every server with O_DIRECT (DIRECT=1, default):
-#   qemu     qemu-nbd --cache=none --aio=$QAIO (native unless QAIO=io_uring
-#            or threads) on the qcow2 image (the peer)
+#   qemu     qemu-nbd --cache=none --aio=$QAIO (native unless QAIO=threads)
+#            on the qcow2 image (the peer)
+#   qemuu    qemu-nbd --cache=none --aio=io_uring: the peer's other fast
+#            engine; each cell compares iolift with the faster of qemu and
+#            qemuu there (the "peer" column)
 #   cp       iolift qcow2:IMG,cache=0: every request under the control plane
 #   miss     iolift qcow2:IMG,cache=16,paths=1: the fast path, nearly always missing
 #   hit      (MAIN_SERVERS="... hit ...") iolift qcow2:IMG,cache=ENTRIES,paths=1
 #            after a warm-up read: every mapping in one cache shared by
-#            the workers
-#   hitw     iolift qcow2:IMG,cache=ENTRIES,paths=4: one cache per worker
-#            (the default placement), warmed the same way
-#   hitu     hitw with engine=uring: hits read and written through one
-#            io_uring per data path, from the connection's reader thread,
-#            answered from the ring's completion thread
+#            the workers, engine=threads
+#   hitw     (MAIN_SERVERS="... hitw ...") iolift qcow2:IMG,cache=ENTRIES,
+#            paths=4,engine=threads: one cache per worker, every request on
+#            the blocking pool, warmed the same way
+#   hitu     iolift's default with direct (engine=uring): hits through
+#            io_uring from the thread that read the request; a request
+#            alone on its data path submits and waits on that thread (one
+#            io_uring_enter), at depth the path's ring thread batches
+#   hitq     (MAIN_SERVERS="... hitq ...") hitu with inline_us=0: every hit
+#            through the ring thread (the path before the inline ring)
 #   hitc     hitu with placement=conn: one data path per NBD connection
 #   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit)
 # Sections:
 #   main     1 GiB image, 64 KiB clusters: QD 1..128 (QDS), and 4
 #            connections at QD 8
+#   miss     (MISS=1) cp against miss at QD 1 and 32 and 4 connections x QD 8
 #   place    (PLACE=1) the data path per worker (hitu) against per
 #            connection (hitc), 4 connections at QD 8
 #   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
-#            than qemu's default L2 cache covers (1 MiB): qemu, hitw,
-#            hitu at QD 1 and 32 and 4 connections at QD 8
+#            than qemu's default L2 cache covers (1 MiB): QD 1 and 4
+#            connections at QD 8
 #   write    (WRITES=1) 4 KiB random writes in place on the fully
-#            allocated 64 KiB-cluster image: qemu against iolift (hitw,
-#            hitu)
+#            allocated 64 KiB-cluster image at QD 1 and 32, and at QD 1
+#            with a flush after every write (qd1f, fio fsync=1: the flush
+#            latency rows)
 # Latency avg/p50/p90/p99/p99.9/p99.99 and IOPS, medians over R repeats,
-# ratios against qemu-nbd, the hit ratio iolift's control socket
-# reported, peak RSS, and the targets as met / not met. Not a test: see
-# docs/qcow2.md.
+# ratios against the faster qemu-nbd, the hit ratio iolift's control
+# socket reported, peak RSS, and the targets as met / not met. Not a
+# test: see docs/qcow2.md.
 #
-#   bench/qcow2.sh                       # R=3, 2 s per job: about 5 minutes
+#   bench/qcow2.sh                       # R=3, 2 s per job: about 6 minutes
 #   R=5 RUNTIME=5 SIZE=4G bench/qcow2.sh
 #   DIRECT=0 bench/qcow2.sh              # through the page cache instead
-#   SMALL=0 WRITES=0 PLACE=0 bench/qcow2.sh   # the main section only
-#   QAIO=io_uring bench/qcow2.sh         # qemu-nbd --aio=io_uring
+#   SMALL=0 WRITES=0 PLACE=0 MISS=0 bench/qcow2.sh   # the main section only
+#   MAIN_SERVERS="qemu qemuu hitq hitu" QDS="1 8" bench/qcow2.sh
 #   BUILD=0 bench/qcow2.sh               # use the binary already built
 #   KEEP=1 bench/qcow2.sh                # keep the fio JSON files
 set -euo pipefail
@@ -49,8 +58,9 @@ DIRECT=${DIRECT:-1}
 SMALL=${SMALL:-1}
 WRITES=${WRITES:-1}
 PLACE=${PLACE:-1}
+MISS=${MISS:-1}
 QAIO=${QAIO:-native}
-MAIN_SERVERS=${MAIN_SERVERS:-"qemu cp miss hitw hitu raw"}
+MAIN_SERVERS=${MAIN_SERVERS:-"qemu qemuu hitu raw"}
 PROFILE=${PROFILE:-release}
 TARGET=${CARGO_TARGET_DIR:-target}
 IOLIFT=$TARGET/$PROFILE/iolift
@@ -81,9 +91,9 @@ trap cleanup EXIT
 SIZE_BYTES=$(numfmt --from=iec "${SIZE^^}")
 RAW=$WORK/disk.raw
 if [[ $DIRECT == 1 ]]; then
-    QCACHE="--cache=none --aio=$QAIO"; IDIR=",direct"
+    QCACHE="--cache=none --aio=$QAIO"; QCACHEU="--cache=none --aio=io_uring"; IDIR=",direct"
 else
-    QCACHE=""; IDIR=""
+    QCACHE=""; QCACHEU="--aio=io_uring"; IDIR=""
 fi
 
 start_server() { # name socket image entries readonly(1/0)
@@ -93,11 +103,13 @@ start_server() { # name socket image entries readonly(1/0)
     local q="qcow2:$img$IDIR$iro,control=$sock.ctl"
     case $s in
         qemu) qemu-nbd -f qcow2 $qro $QCACHE -k "$sock" --persistent --shared=8 "$img" 2>"$WORK/$s.log" & ;;
+        qemuu) qemu-nbd -f qcow2 $qro $QCACHEU -k "$sock" --persistent --shared=8 "$img" 2>"$WORK/$s.log" & ;;
         cp)   "$IOLIFT" serve --socket "$sock" "$q,cache=0" 2>"$WORK/$s.log" & ;;
         miss) "$IOLIFT" serve --socket "$sock" "$q,cache=16,paths=1" 2>"$WORK/$s.log" & ;;
-        hit)  "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=1" 2>"$WORK/$s.log" & ;;
-        hitw) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4" 2>"$WORK/$s.log" & ;;
+        hit)  "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=1,engine=threads" 2>"$WORK/$s.log" & ;;
+        hitw) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=threads" 2>"$WORK/$s.log" & ;;
         hitu) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring" 2>"$WORK/$s.log" & ;;
+        hitq) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,inline_us=0" 2>"$WORK/$s.log" & ;;
         hitc) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,placement=conn" 2>"$WORK/$s.log" & ;;
         raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
     esac
@@ -105,15 +117,16 @@ start_server() { # name socket image entries readonly(1/0)
     wait_socket "$s" "$sock"
 }
 
-fio_job() { # uri name rw qd jobs out
-    fio --name="$2" --ioengine=nbd --uri="$1" --rw="$3" --bs=4k --iodepth="$4" \
+fio_job() { # uri name rw qd jobs out [fio options]
+    fio --name="$2" --ioengine=nbd --uri="$1" --rw="$3" --bs=4k --iodepth="$4" "${@:7}" \
         --numjobs="$5" --group_reporting --size="$SIZE" --time_based --runtime="$RUNTIME" \
         --norandommap --randrepeat=0 \
         --percentile_list=50:90:99:99.9:99.99 --output-format=json >"$6"
 }
 
 # run_one SECTION SERVER REP IMAGE ENTRIES RW JOBS...: one server, its jobs
-# (qdN: one connection at QD N; qdNxC: C connections at QD N)
+# (qdN: one connection at QD N; qdNxC: C connections at QD N; qdNf: QD N
+# with a flush after every write)
 run_one() {
     local sec=$1 s=$2 rep=$3 img=$4 n=$5 rw=$6; shift 6
     local sock=$WORK/$s.sock ro=1
@@ -128,15 +141,16 @@ run_one() {
         fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 \
             --numjobs=$nj --size="$SIZE" --output-format=json >/dev/null
     fi
-    if [[ $s != qemu && $s != raw ]]; then
+    if [[ $s != qemu* && $s != raw ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats0"
     fi
     for job in "$@"; do
-        local qd=${job#qd} c=1
+        local qd=${job#qd} c=1 extra=()
+        [[ $qd == *f ]] && { qd=${qd%f}; extra=(--fsync=1); }
         [[ $qd == *x* ]] && { c=${qd#*x}; qd=${qd%x*}; }
-        fio_job "$uri" "$job" "$rw" "$qd" "$c" "$WORK/${sec}_${s}_${rep}_$job.json"
+        fio_job "$uri" "$job" "$rw" "$qd" "$c" "$WORK/${sec}_${s}_${rep}_$job.json" "${extra[@]}"
     done
-    if [[ $s != qemu && $s != raw ]]; then
+    if [[ $s != qemu* && $s != raw ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats"
     fi
     peak_kib "$SERVER_PID" >"$WORK/${sec}_${s}_${rep}.rss"
@@ -161,17 +175,20 @@ IMG=$WORK/disk64k.qcow2
 qemu-img convert -f raw -O qcow2 -o cluster_size=65536 "$RAW" "$IMG"
 MAIN_JOBS=""; for q in $QDS; do MAIN_JOBS+=" qd$q"; done
 section main "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "$MAIN_SERVERS" $MAIN_JOBS qd8x4
+if [[ $MISS == 1 ]]; then
+    section miss "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "cp miss" qd1 qd32 qd8x4
+fi
 if [[ $PLACE == 1 ]]; then
-    section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu hitu hitc" qd8x4
+    section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hitu hitc" qd8x4
 fi
 if [[ $SMALL == 1 ]]; then
     IMG4=$WORK/disk4k.qcow2
     qemu-img convert -f raw -O qcow2 -o cluster_size=4096 "$RAW" "$IMG4"
-    section small "$IMG4" $(( SIZE_BYTES / 4096 + 1024 )) randread "qemu hitw hitu" qd1 qd32 qd8x4
+    section small "$IMG4" $(( SIZE_BYTES / 4096 + 1024 )) randread "qemu qemuu hitu" qd1 qd8x4
     rm -f "$IMG4"
 fi
 if [[ $WRITES == 1 ]]; then
-    section write "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randwrite "qemu hitw hitu" qd1 qd32
+    section write "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randwrite "qemu qemuu hitu" qd1 qd32 qd1f
 fi
 echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
@@ -181,14 +198,22 @@ work, reps = sys.argv[1], int(sys.argv[2])
 keys = [("iops", "IOPS"), ("avg", "avg us"), ("50", "p50 us"), ("90", "p90 us"),
         ("99", "p99 us"), ("99.9", "p99.9 us"), ("99.99", "p99.99 us")]
 
-def one(sec, s, rep, job, rw):
-    text = open(f"{work}/{sec}_{s}_{rep}_{job}.json").read()
-    r = json.loads(text[text.index("{"):])["jobs"][0]["read" if rw == "randread" else "write"]
-    pct = r["clat_ns"].get("percentile", {})
-    out = {"iops": r["iops"], "avg": r["clat_ns"]["mean"] / 1000}
+def pcts(lat, out, prefix=""):
+    pct = lat.get("percentile", {})
+    out[prefix + "avg"] = lat.get("mean", 0) / 1000
     for k in ["50", "90", "99", "99.9", "99.99"]:
         v = [x for p, x in pct.items() if abs(float(p) - float(k)) < 1e-6]
-        out[k] = v[0] / 1000 if v else 0
+        out[prefix + k] = v[0] / 1000 if v else 0
+
+def one(sec, s, rep, job, rw):
+    text = open(f"{work}/{sec}_{s}_{rep}_{job}.json").read()
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    r = j["read" if rw == "randread" else "write"]
+    out = {"iops": r["iops"]}
+    pcts(r["clat_ns"], out)
+    if job.endswith("f"):
+        # flush after every write: its latency as fio saw it
+        pcts(j.get("sync", {}).get("lat_ns", {}), out, "f")
     return out
 
 def counters(p):
@@ -211,24 +236,33 @@ def hit_ratio(sec, s):
             vals.append(h / (h + m) if h + m else 0.0)
     return statistics.median(vals) if vals else None
 
+fkeys = [("f" + k, "flush " + label.replace(" us", "") + " us") for k, label in keys[1:]]
+
 targets = []
 med = {}
+peer = {}
 for line in open(f"{work}/sections"):
     sec, rw, servers, jobs = line.strip().split("|")
     servers, jobs = servers.split(), jobs.split()
     for s in servers:
         for j in jobs:
             rs = [one(sec, s, r, j, rw) for r in range(1, reps + 1)]
-            med[sec, s, j] = {k: statistics.median(x[k] for x in rs) for k, _ in keys}
+            med[sec, s, j] = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
+    qemus = [s for s in servers if s.startswith("qemu")]
     for j in jobs:
-        print(f"\n[{sec}] {rw} {j} (medians of {reps})")
-        print(f"{'metric':<10}" + "".join(f"{s:>10}" for s in servers)
-              + "".join(f"{s + '/qemu':>11}" for s in servers[1:]))
-        for k, label in keys:
+        # the peer of this cell: the faster qemu-nbd (by IOPS); without
+        # one, the first server
+        p = max(qemus, key=lambda s: med[sec, s, j]["iops"]) if qemus else servers[0]
+        peer[sec, j] = p
+        others = [s for s in servers if s not in qemus and s != p]
+        print(f"\n[{sec}] {rw} {j} (medians of {reps}; ratios to {p})")
+        print(f"{'metric':<15}" + "".join(f"{s:>10}" for s in servers)
+              + "".join(f"{s + '/' + p:>13}" for s in others))
+        for k, label in keys + (fkeys if j.endswith("f") else []):
             row = [med[sec, s, j][k] for s in servers]
-            q = row[0]
-            ratios = "".join(f"{(x / q if q else 0):>10.2f}x" for x in row[1:])
-            print(f"{label:<10}" + "".join(f"{x:>10.1f}" for x in row) + ratios)
+            q = med[sec, p, j][k]
+            ratios = "".join(f"{(med[sec, s, j][k] / q if q else 0):>12.2f}x" for s in others)
+            print(f"{label:<15}" + "".join(f"{x:>10.1f}" for x in row) + ratios)
     print()
     for s in servers:
         rss = [int(open(f"{work}/{sec}_{s}_{r}.rss").read()) for r in range(1, reps + 1)]
@@ -236,32 +270,37 @@ for line in open(f"{work}/sections"):
         hrs = f", hit ratio in the jobs {hr:.4f}" if hr is not None else ""
         print(f"[{sec}] {s:<5} peak RSS median {statistics.median(rss) / 1024:.1f} MiB{hrs}")
     M = lambda s, j, k: med[sec, s, j][k]
+    P = lambda j: peer[sec, j]
     if sec in ("main", "small", "place"):
-        for h in ("hit", "hitw", "hitu", "hitc"):
-            if h not in servers:
+        for h in ("hit", "hitw", "hitq", "hitu", "hitc"):
+            if h not in servers or not qemus:
                 continue
             for j in jobs:
-                r = M(h, j, "iops") / M("qemu", j, "iops")
-                targets.append((f"[{sec}] {h} IOPS >= 1.3x qemu-nbd at {j}", r >= 1.3, f"{r:.2f}x"))
+                r = M(h, j, "iops") / M(P(j), j, "iops")
+                targets.append((f"[{sec}] {h} IOPS >= 1.3x qemu-nbd ({P(j)}) at {j}", r >= 1.3, f"{r:.2f}x"))
     if sec == "main":
         j1 = "qd1"
         if j1 in jobs and "raw" in servers:
-            for h in ("hit", "hitw", "hitu"):
+            for h in ("hit", "hitw", "hitq", "hitu"):
                 if h not in servers:
                     continue
                 r = M(h, j1, "50") / M("raw", j1, "50")
                 targets.append((f"[main] {h} p50 <= 1.1x raw p50 at qd1", r <= 1.1, f"{r:.2f}x"))
-        for j in jobs if "miss" in servers and "cp" in servers else []:
+    if sec in ("main", "miss") and "miss" in servers and "cp" in servers:
+        for j in jobs:
             r = M("miss", j, "iops") / M("cp", j, "iops")
-            targets.append((f"[main] miss IOPS no worse than control-plane-only at {j}", r >= 1.0, f"{r:.2f}x"))
-        if j1 in jobs and "miss" in servers and "cp" in servers:
-            r = M("miss", j1, "50") / M("cp", j1, "50")
-            targets.append((f"[main] miss p50 no worse than control-plane-only at qd1", r <= 1.0, f"{r:.2f}x"))
+            targets.append((f"[{sec}] miss IOPS no worse than control-plane-only at {j}", r >= 1.0, f"{r:.2f}x"))
+        if "qd1" in jobs:
+            r = M("miss", "qd1", "50") / M("cp", "qd1", "50")
+            targets.append((f"[{sec}] miss p50 no worse than control-plane-only at qd1", r <= 1.0, f"{r:.2f}x"))
     if sec == "write":
-        for h in ("hitw", "hitu"):
+        for h in ("hitw", "hitq", "hitu"):
             for j in jobs if h in servers else []:
-                r = M(h, j, "iops") / M("qemu", j, "iops")
-                targets.append((f"[write] iolift {h} write IOPS no slower than qemu-nbd at {j}", r >= 1.0, f"{r:.2f}x"))
+                r = M(h, j, "iops") / M(P(j), j, "iops")
+                targets.append((f"[write] iolift {h} write IOPS no slower than qemu-nbd ({P(j)}) at {j}", r >= 1.0, f"{r:.2f}x"))
+                if j.endswith("f"):
+                    r = M(h, j, "f50") / M(P(j), j, "f50")
+                    targets.append((f"[write] iolift {h} flush p50 no slower than qemu-nbd ({P(j)}) at {j}", r <= 1.0, f"{r:.2f}x"))
 print("\ntargets:")
 for name, ok, val in targets:
     print(f"  {'met    ' if ok else 'NOT MET'}  {name}: {val}")
