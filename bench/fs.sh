@@ -52,6 +52,9 @@ WORK=${WORK:-/var/tmp/iolift-fs-bench}
 NFILES=${NFILES:-10000}
 CELLS=${CELLS:-.}   # regex: run only the cells whose name matches
 VPOOL=${VPOOL:-0}   # serve-virtiofs --thread-pool-size (0: both daemons' default)
+# virtio setups; vfs-iolift-sync is the mirror with --uring-depth 0 (reads
+# and writes on the queue thread), to compare with its io_uring data path.
+VSETUPS=${VSETUPS:-vfs-null vfs-iolift vfs-virtiofsd}
 VIRTIOFSD=${VIRTIOFSD:-/usr/lib/qemu/virtiofsd}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
@@ -233,6 +236,7 @@ vrun() { # vrun SETUP CELL REPEAT RW QD
     case $setup in
         vfs-null) "$BIN" fs serve-virtiofs null:1G --socket-path "$VSOCK" --thread-pool-size "$VPOOL" >"$RES/vd.out" 2>"$RES/vd.log" & ;;
         vfs-iolift) "$BIN" fs serve-virtiofs --shared-dir "$SRC" --socket-path "$VSOCK" --thread-pool-size "$VPOOL" >"$RES/vd.out" 2>"$RES/vd.log" & ;;
+        vfs-iolift-sync) "$BIN" fs serve-virtiofs --shared-dir "$SRC" --socket-path "$VSOCK" --thread-pool-size "$VPOOL" --uring-depth 0 >"$RES/vd.out" 2>"$RES/vd.log" & ;;
         vfs-virtiofsd) "$VIRTIOFSD" --socket-path="$VSOCK" -o source="$SRC" -o sandbox=chroot -o cache=auto >"$RES/vd.out" 2>"$RES/vd.log" & ;;
     esac
     pid=$!
@@ -263,7 +267,7 @@ if [[ $ONLY == all || $ONLY == virtio ]]; then
     [[ -x $VIRTIOFSD ]] || { echo "missing $VIRTIOFSD (Debian qemu-system-common)" >&2; exit 1; }
     prep_data
     for rep in $(seq "$R"); do
-        for s in vfs-null vfs-iolift vfs-virtiofsd; do
+        for s in $VSETUPS; do
             vrun "$s" randread-4k-qd1 "$rep" randread 1
             vrun "$s" randread-4k-qd16 "$rep" randread 16
             vrun "$s" randwrite-4k-qd1 "$rep" randwrite 1
@@ -274,10 +278,10 @@ if [[ $ONLY == all || $ONLY == virtio ]]; then
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 med = lambda xs: statistics.median(xs) if xs else 0
-setups = ["vfs-null", "vfs-iolift", "vfs-virtiofsd"]
-cells = []
+setups, cells = [], []
 for r in rows:
     if r["cell"] not in cells: cells.append(r["cell"])
+    if r["setup"] not in setups: setups.append(r["setup"])
 print("\nvirtio-fs (host-side driver), medians: IOPS / p50 us / server CPU us per op")
 print(f"  {'cell':20}" + "".join(f"{s:>28}" for s in setups) + "   iolift/virtiofsd IOPS")
 v = {}
@@ -287,18 +291,22 @@ for c in cells:
         rs = [r for r in rows if r["cell"] == c and r["setup"] == s]
         v[c, s] = (med([r["iops"] for r in rs]), med([r["p50_us"] for r in rs]), med([r["server_us_op"] for r in rs]))
         line += f"{v[c, s][0]:12.0f} {v[c, s][1]:7.1f} {v[c, s][2]:7.1f}"
-    b = v[c, "vfs-virtiofsd"][0]
-    line += f"{v[c, 'vfs-iolift'][0] / b:14.2f}" if b else f"{'-':>14}"
+    b = v.get((c, "vfs-virtiofsd"), (0,))[0]
+    line += f"{v[c, 'vfs-iolift'][0] / b:14.2f}" if b and (c, "vfs-iolift") in v else f"{'-':>14}"
     print(line)
 print("  peak RSS MiB: " + ", ".join(f"{s} {max([r['rss_mib'] for r in rows if r['setup'] == s] or [0]):.1f}" for s in setups))
 def target(name, ok):
     print(f"  target: {name}: {'met' if ok else 'NOT met'}")
+for c in cells:
+    if (c, "vfs-iolift-sync") in v and (c, "vfs-iolift") in v and v[c, "vfs-iolift-sync"][0]:
+        a, b = v[c, "vfs-iolift"], v[c, "vfs-iolift-sync"]
+        print(f"  io_uring vs synchronous mirror {c}: {a[0] / b[0]:.2f}x IOPS, p50 {a[1]:.1f} vs {b[1]:.1f} us, CPU {a[2]:.1f} vs {b[2]:.1f} us/op")
 for c in ["randread-4k-qd16", "randwrite-4k-qd16"]:
-    if (c, "vfs-virtiofsd") in v and v[c, "vfs-virtiofsd"][0]:
+    if (c, "vfs-virtiofsd") in v and (c, "vfs-iolift") in v and v[c, "vfs-virtiofsd"][0]:
         r = v[c, "vfs-iolift"][0] / v[c, "vfs-virtiofsd"][0]
         target(f"iolift virtio-fs mirror {c} IOPS >= 1.3x virtiofsd ({r:.2f}x)", r >= 1.3)
 for c in ["randread-4k-qd1", "randwrite-4k-qd1"]:
-    if (c, "vfs-virtiofsd") in v:
+    if (c, "vfs-virtiofsd") in v and (c, "vfs-iolift") in v:
         a, b = v[c, "vfs-iolift"][1], v[c, "vfs-virtiofsd"][1]
         target(f"iolift virtio-fs mirror {c} p50 latency <= virtiofsd ({a:.1f} vs {b:.1f} us)", a <= b)
 if ("randread-4k-qd1", "vfs-null") in v:
