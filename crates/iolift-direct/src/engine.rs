@@ -81,6 +81,15 @@ pub struct Config {
     /// busy for up to this long per request (and, with SQPOLL, the
     /// kernel's polling thread busy until its idle time passes).
     pub spin_us: u32,
+    /// Inline mode only, without SQPOLL and spinning: the ring is used
+    /// only by the thread that creates the engine
+    /// (IORING_SETUP_SINGLE_ISSUER), and the kernel posts completions
+    /// when that thread waits for them in `io_uring_enter` instead of
+    /// interrupting it with task work (IORING_SETUP_DEFER_TASKRUN): the
+    /// waiter is woken once, straight into reaping. Another thread's
+    /// request then fails with EEXIST, so this is for single-threaded
+    /// callers (a latency loop, AccelFS under the key-value store).
+    pub defer_taskrun: bool,
 }
 
 impl Default for Config {
@@ -94,6 +103,7 @@ impl Default for Config {
             pin: None,
             inline: false,
             spin_us: 0,
+            defer_taskrun: false,
         }
     }
 }
@@ -109,6 +119,7 @@ impl std::fmt::Debug for Config {
             .field("pin", &self.pin.is_some())
             .field("inline", &self.inline)
             .field("spin_us", &self.spin_us)
+            .field("defer_taskrun", &self.defer_taskrun)
             .finish()
     }
 }
@@ -246,6 +257,19 @@ impl Engine {
         if cfg.iopoll {
             b.setup_iopoll();
         }
+        if cfg.defer_taskrun {
+            if !cfg.inline || cfg.sqpoll.is_some() || cfg.spin_us > 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "io_uring on {}: defer_taskrun needs inline mode without SQPOLL and without spinning",
+                        path.display()
+                    ),
+                ));
+            }
+            b.setup_single_issuer();
+            b.setup_defer_taskrun();
+        }
         let ring = b.build(cfg.entries).map_err(|e| err("setup", e))?;
         ring.submitter()
             .register_files(&[target.file().as_raw_fd()])
@@ -292,6 +316,9 @@ impl Engine {
                 spin: (cfg.spin_us > 0 && !(cfg.iopoll && cfg.sqpoll.is_none()))
                     .then(|| std::time::Duration::from_micros(cfg.spin_us.into())),
                 sqpoll: cfg.sqpoll.is_some(),
+                started: Vec::new(),
+                started_out: 0,
+                finished: Vec::new(),
             };
             return Ok(Engine {
                 shared,
@@ -391,6 +418,44 @@ impl Engine {
         };
         if was_empty {
             self.shared.kick();
+        }
+    }
+
+    /// Starts requests without waiting for them. Inline mode: they are
+    /// submitted now and their callbacks run on whichever later call of
+    /// this engine reaps their completions ([`Self::wait_started`] waits
+    /// for all of them); at most half the completion queue's worth is out
+    /// at a time. With an engine thread: [`Self::submit_batch`].
+    pub fn start_batch(&self, ops: Vec<(Op, Callback)>) {
+        let Some(r) = &self.inline else {
+            return self.submit_batch(ops);
+        };
+        if self.shared.stop.load(Ordering::Acquire) {
+            return self.submit_batch(ops);
+        }
+        let n = ops.len() as u64;
+        let done = r
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .start(&self.shared, ops);
+        self.shared.ops.fetch_add(n, Ordering::Relaxed);
+        for (cb, d) in done {
+            cb(d);
+        }
+    }
+
+    /// Inline mode: waits until every request of [`Self::start_batch`]
+    /// completed and runs their callbacks. With an engine thread: nothing
+    /// (their callbacks run there).
+    pub fn wait_started(&self) {
+        if let Some(r) = &self.inline {
+            let done = r
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .wait_started(&self.shared);
+            for (cb, d) in done {
+                cb(d);
+            }
         }
     }
 

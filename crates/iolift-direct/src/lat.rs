@@ -52,6 +52,9 @@ pub struct LatSpec {
     /// Engine and AccelFS paths: spin on the completion ring this many
     /// microseconds before sleeping ([`Config::spin_us`]).
     pub spin_us: u32,
+    /// Engine and AccelFS paths, without SQPOLL and spinning: completions
+    /// are posted when the caller waits ([`Config::defer_taskrun`]).
+    pub defer_taskrun: bool,
 }
 
 /// Latencies in microseconds.
@@ -171,6 +174,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                     inline: true,
                     sqpoll: spec.sqpoll,
                     spin_us: spec.spin_us,
+                    defer_taskrun: spec.defer_taskrun,
                     ..Config::default()
                 },
             )?;
@@ -207,6 +211,7 @@ pub fn measure(target: &std::path::Path, spec: &LatSpec) -> io::Result<LatResult
                 inline: true,
                 sqpoll: spec.sqpoll,
                 spin_us: spec.spin_us,
+                defer_taskrun: spec.defer_taskrun,
                 ..Config::default()
             };
             let mut fs = Fs::mount(Engine::new(t, cfg)?)?;

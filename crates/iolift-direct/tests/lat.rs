@@ -17,6 +17,7 @@ fn spec(path: Path, op: LatOp, bs: usize) -> LatSpec {
         seed: 3,
         sqpoll: None,
         spin_us: 0,
+        defer_taskrun: false,
     }
 }
 

@@ -15,6 +15,12 @@
 //! still out does it enter the kernel to wait for them. That trades a
 //! busy CPU for the wake-up (and, under SQPOLL, the system call) a
 //! sleeping waiter pays per request.
+//!
+//! [`InlineRing::start`] submits requests without waiting for them (a
+//! write-back that goes on while the caller works): they stay in the ring,
+//! their completions are reaped by whichever later call finds them, and
+//! [`InlineRing::wait_started`] waits for all of them. Their callbacks run
+//! when a call returns them, after it released the ring.
 
 use super::{build, sync_now, Callback, Done, Op, Shared};
 use crate::buf::{Buf, FixedPool};
@@ -36,7 +42,17 @@ pub(super) struct InlineRing {
     /// in `io_uring_enter` at once).
     pub spin: Option<Duration>,
     pub sqpoll: bool,
+    /// Requests started and not yet completed, by slot (their user data
+    /// is `STARTED | slot`).
+    pub started: Vec<Option<(Callback, Option<Buf>)>>,
+    /// How many of `started` are out.
+    pub started_out: usize,
+    /// Started requests completed, their callbacks not yet run.
+    pub finished: Vec<(Callback, Done)>,
 }
+
+/// User-data bit of a started request's completion.
+const STARTED: u64 = 1 << 63;
 
 impl InlineRing {
     /// Runs `ops` to completion: as many as the submission queue holds at
@@ -85,10 +101,110 @@ impl InlineRing {
                 submit_and_reap(self, shared, &mut in_ring, &mut out);
             }
         }
-        out.into_iter()
+        let mut done: Vec<(Callback, Done)> = out
+            .into_iter()
             .map(|x| x.expect("every request completed"))
-            .collect()
+            .collect();
+        done.append(&mut self.finished);
+        done
     }
+
+    /// Submits `ops` without waiting for them; returns the callbacks of
+    /// requests that completed meanwhile (started ones included), to run
+    /// once the ring is released. At most half the completion queue's
+    /// worth is out at a time: past that, this waits for earlier ones.
+    pub fn start(&mut self, shared: &Shared, ops: Vec<(Op, Callback)>) -> Vec<(Callback, Done)> {
+        let cap = self.ring.params().sq_entries() as usize;
+        for (op, cb) in ops {
+            while self.started_out >= cap / 2 {
+                self.wait_some(shared);
+            }
+            match build(op, self.iopoll) {
+                Ok((sqe, buf)) => {
+                    let slot = match self.started.iter().position(Option::is_none) {
+                        Some(i) => i,
+                        None => {
+                            self.started.push(None);
+                            self.started.len() - 1
+                        }
+                    };
+                    let sqe = sqe.user_data(STARTED | slot as u64);
+                    // SAFETY: the entry's buffer stays in `started` until
+                    // its completion is reaped.
+                    while unsafe { self.ring.submission().push(&sqe) }.is_err() {
+                        self.enter(shared, 0);
+                    }
+                    self.started[slot] = Some((cb, buf));
+                    self.started_out += 1;
+                }
+                Err((res, buf, flush)) => {
+                    let res = if flush {
+                        self.wait_all(shared);
+                        sync_now(&self.target)
+                    } else {
+                        res
+                    };
+                    self.finished.push((cb, Done { res, buf }));
+                }
+            }
+        }
+        // Submits without waiting (under SQPOLL the crate enters only to
+        // wake the polling thread).
+        self.enter(shared, 0);
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Waits until every started request completed; returns the callbacks
+    /// to run.
+    pub fn wait_started(&mut self, shared: &Shared) -> Vec<(Callback, Done)> {
+        self.wait_all(shared);
+        std::mem::take(&mut self.finished)
+    }
+
+    fn wait_all(&mut self, shared: &Shared) {
+        while self.started_out > 0 {
+            self.wait_some(shared);
+        }
+    }
+
+    /// Enters the kernel to wait for at least one completion and reaps.
+    fn wait_some(&mut self, shared: &Shared) {
+        reap_started_only(self);
+        if self.started_out > 0 {
+            self.enter(shared, 1);
+            reap_started_only(self);
+        }
+    }
+
+    /// One `io_uring_enter` that submits what is queued and waits for
+    /// `want` completions.
+    fn enter(&mut self, shared: &Shared, want: usize) {
+        shared.enters.fetch_add(1, Ordering::Relaxed);
+        match self.ring.submit_and_wait(want) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {}
+            Err(e) => panic!("io_uring_enter on {}: {e}", self.target.path().display()),
+        }
+    }
+}
+
+impl Drop for InlineRing {
+    /// Waits for started requests: the kernel may still be using their
+    /// buffers.
+    fn drop(&mut self) {
+        while self.started_out > 0 {
+            let _ = self.ring.submit_and_wait(1);
+            reap_started_only(self);
+        }
+    }
+}
+
+/// Reaps completions when no request of a group is in the ring (only
+/// started ones can complete).
+fn reap_started_only(r: &mut InlineRing) {
+    let n = reap(r, &mut [], &mut []);
+    debug_assert_eq!(n, 0, "no group in the ring");
 }
 
 /// Submits the requests in the ring, waits for all of them and moves their
@@ -153,6 +269,21 @@ fn reap(
 ) -> usize {
     let mut n = 0;
     for c in r.ring.completion() {
+        if c.user_data() & STARTED != 0 {
+            let slot = (c.user_data() & !STARTED) as usize;
+            let (cb, buf) = r.started[slot]
+                .take()
+                .expect("one completion per started request");
+            r.started_out -= 1;
+            r.finished.push((
+                cb,
+                Done {
+                    res: c.result(),
+                    buf,
+                },
+            ));
+            continue;
+        }
         let (i, cb, buf) = &mut in_ring[c.user_data() as usize];
         let cb = cb.take().expect("one completion per request");
         out[*i] = Some((

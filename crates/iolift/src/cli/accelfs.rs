@@ -26,6 +26,11 @@ pub struct AccelfsArgs {
     /// a request is out; with --sqpoll a request then needs no system call.
     #[arg(long, global = true, default_value_t = 0)]
     spin_us: u32,
+    /// The engine's ring is used by this thread only and the kernel posts
+    /// completions when it waits (IORING_SETUP_SINGLE_ISSUER and
+    /// DEFER_TASKRUN); not with --sqpoll or --spin-us.
+    #[arg(long, global = true)]
+    defer_taskrun: bool,
     #[command(subcommand)]
     cmd: Sub,
 }
@@ -182,6 +187,7 @@ impl AccelfsArgs {
             // AccelFS waits for every request: no engine thread.
             inline: true,
             spin_us: self.spin_us,
+            defer_taskrun: self.defer_taskrun,
             ..Config::default()
         };
         Ok(Engine::new(t, cfg)?)
@@ -381,6 +387,7 @@ pub fn run(a: AccelfsArgs) -> Result<ExitCode> {
                 seed: 1,
                 sqpoll: a.sqpoll.then_some(1000),
                 spin_us: a.spin_us,
+                defer_taskrun: a.defer_taskrun,
             };
             let r = lat::measure(target, &spec)?;
             println!(
