@@ -188,7 +188,7 @@ impl Fs {
                     let copy = f.cache.copy_and_clean(d).expect("dirty block cached");
                     batch.push((d, copy));
                 }
-                self.write_back_batch(f, batch)?;
+                self.write_back_batch(f, batch, false)?;
             }
         }
         Ok(())
@@ -220,7 +220,7 @@ impl Fs {
             let copy = f.cache.copy_and_clean(fb).expect("dirty block cached");
             batch.push((fb, copy));
         }
-        self.write_back_batch(f, batch)?;
+        self.write_back_batch(f, batch, true)?;
         if f.inode_dirty {
             self.put_inode(f.ino, &f.inode)?;
             f.inode_dirty = false;

@@ -37,6 +37,7 @@ mod dir;
 mod dircache;
 mod file;
 pub mod fsck;
+mod inflight;
 pub mod layout;
 mod mkfs;
 mod rename;
@@ -65,8 +66,9 @@ pub const DEFAULT_CACHE_BUDGET: usize = 8192;
 pub const CACHE_SHARE_MIN: usize = 16;
 
 /// The most blocks one read-ahead brings in (at most half of a file's
-/// cache is used for it).
-pub const READ_AHEAD_MAX: usize = 32;
+/// cache is used for it): 1 MiB at 8 KiB blocks, the largest request
+/// write-back makes too.
+pub const READ_AHEAD_MAX: usize = 128;
 
 /// Indirect blocks the file system keeps in memory (shared by all files;
 /// write-through, so never dirty). At 8 KiB blocks: 512 KiB.
@@ -89,14 +91,19 @@ impl Default for Mkfs {
     }
 }
 
-/// Block I/O on the engine, waiting for each request.
+/// Block I/O on the engine, waiting for each request, except a cache's
+/// write-back (inflight.rs): every request first waits for that.
 pub(crate) struct Dev {
     pub eng: Engine,
     pub bs: usize,
+    inflight: std::cell::RefCell<Option<inflight::Inflight>>,
+    /// Set when a write-back that nobody waited for failed.
+    failed: std::cell::RefCell<Option<(io::ErrorKind, String)>>,
 }
 
 impl Dev {
     pub fn read(&self, b: u64) -> io::Result<AlignedBuf> {
+        self.settle()?;
         let d = self
             .eng
             .run(Op::Read {
@@ -135,6 +142,7 @@ impl Dev {
 
     /// Reads `n` consecutive blocks from `b` with one request.
     pub fn read_run(&self, b: u64, n: usize) -> io::Result<AlignedBuf> {
+        self.settle()?;
         let len = n * self.bs;
         let d = self
             .eng
@@ -159,6 +167,7 @@ impl Dev {
     }
 
     pub fn write(&self, b: u64, buf: AlignedBuf) -> io::Result<AlignedBuf> {
+        self.settle()?;
         let d = self
             .eng
             .run(Op::Write {
@@ -187,6 +196,7 @@ impl Dev {
     }
 
     pub fn flush(&self) -> io::Result<()> {
+        self.settle()?;
         self.eng.flush().wait().result().map(drop)
     }
 }
@@ -279,6 +289,8 @@ impl Fs {
         let dev = Dev {
             eng,
             bs: sb.block_size as usize,
+            inflight: Default::default(),
+            failed: Default::default(),
         };
         let mut bitmap = Vec::with_capacity(sb.bitmap_blocks as usize * dev.bs);
         dev.read_area(sb.bitmap_start as u64, sb.bitmap_blocks as u64, &mut bitmap)?;

@@ -14,10 +14,13 @@ use std::io;
 
 impl Fs {
     /// Writes `blocks` (file block, contents) of `f`.
+    /// With `wait` false (a cache making room) the data is only started
+    /// and the pointer blocks written once it is on the disk (inflight.rs).
     pub(super) fn write_back_batch(
         &mut self,
         f: &mut File,
         blocks: Vec<(u64, AlignedBuf)>,
+        wait: bool,
     ) -> io::Result<()> {
         let bs = self.dev.bs as u64;
         let mut writes = Vec::with_capacity(blocks.len());
@@ -37,7 +40,11 @@ impl Fs {
             writes.push((p, data));
             ptrs.push((fb, p));
         }
-        self.dev.write_many(writes)?;
+        if wait {
+            self.dev.write_many(writes)?;
+        } else {
+            self.dev.start_many(writes)?;
+        }
         if !ptrs.is_empty() {
             let mut n = f.inode.clone();
             self.ind_defer = Some(Vec::new());
@@ -51,11 +58,34 @@ impl Fs {
                 }
                 return Err(e);
             }
-            self.write_pending(&n, pending)?;
+            if wait {
+                self.write_pending(&n, pending)?;
+            } else {
+                let groups = self.pending_copies(&n, pending);
+                self.dev.after_started(groups)?;
+            }
             f.inode = n;
             f.inode_dirty = true;
         }
         Ok(())
+    }
+
+    /// Copies of the indirect blocks changed in memory, in the order to
+    /// write them: the double-indirect block of `n` in a second group,
+    /// after the blocks it points to.
+    fn pending_copies(&self, n: &Inode, pending: Vec<u64>) -> Vec<Vec<(u64, AlignedBuf)>> {
+        let c = self.ind_cache.borrow();
+        let copy = |b: u64| {
+            let mut a = AlignedBuf::new(self.dev.bs);
+            a.copy_from_slice(&c[&b]);
+            (b, a)
+        };
+        let (top, rest): (Vec<u64>, Vec<u64>) =
+            pending.into_iter().partition(|&b| b == n.dindirect);
+        vec![
+            rest.into_iter().map(copy).collect(),
+            top.into_iter().map(copy).collect(),
+        ]
     }
 
     /// Writes the indirect blocks changed in memory: the double-indirect
@@ -143,12 +173,57 @@ impl Fs {
     }
 }
 
+/// The most bytes one write-back request carries: blocks that follow each
+/// other on the disk are copied into one buffer of up to this size and
+/// written with one request (a table or log written back is a few large
+/// sequential writes, not one request per block).
+pub const WRITE_RUN_MAX: usize = 1 << 20;
+
 impl super::Dev {
-    /// Writes whole blocks in one batch of requests and waits for all.
+    /// Writes whole blocks in one batch of requests and waits for all;
+    /// blocks that are consecutive on the disk share a request of up to
+    /// [`WRITE_RUN_MAX`] bytes.
     pub fn write_many(&self, blocks: Vec<(u64, AlignedBuf)>) -> io::Result<()> {
-        let mut waits = Vec::with_capacity(blocks.len());
-        let mut ops = Vec::with_capacity(blocks.len());
-        for (b, data) in blocks {
+        self.settle()?;
+        self.write_runs(self.runs(blocks))
+    }
+
+    /// Groups blocks into runs of consecutive blocks (first block, blocks,
+    /// one buffer), each at most [`WRITE_RUN_MAX`] bytes.
+    pub(super) fn runs(&self, mut blocks: Vec<(u64, AlignedBuf)>) -> Vec<(u64, usize, AlignedBuf)> {
+        blocks.sort_by_key(|(b, _)| *b);
+        let per = (WRITE_RUN_MAX / self.bs).max(1);
+        let mut runs = Vec::new();
+        let mut it = blocks.into_iter().peekable();
+        while let Some((first, data)) = it.next() {
+            let mut run = vec![data];
+            while run.len() < per
+                && it
+                    .peek()
+                    .is_some_and(|(b, _)| *b == first + run.len() as u64)
+            {
+                run.push(it.next().expect("peeked").1);
+            }
+            let n = run.len();
+            let buf = if n == 1 {
+                run.pop().expect("one block")
+            } else {
+                let mut a = AlignedBuf::new(n * self.bs);
+                for (i, d) in run.iter().enumerate() {
+                    a[i * self.bs..(i + 1) * self.bs].copy_from_slice(&d[..self.bs]);
+                }
+                a
+            };
+            runs.push((first, n, buf));
+        }
+        runs
+    }
+
+    /// Writes runs in one batch of requests and waits for all.
+    pub(super) fn write_runs(&self, runs: Vec<(u64, usize, AlignedBuf)>) -> io::Result<()> {
+        let mut waits = Vec::with_capacity(runs.len());
+        let mut ops = Vec::with_capacity(runs.len());
+        for (b, n, data) in runs {
             let (tx, rx) = crate::slot::pair::<crate::engine::Done>();
             ops.push((
                 Op::Write {
@@ -157,23 +232,9 @@ impl super::Dev {
                 },
                 Box::new(move |d| tx.set(d)) as crate::engine::Callback,
             ));
-            waits.push((b, rx));
+            waits.push((b, n, rx));
         }
         self.eng.submit_batch(ops);
-        let mut first_err = None;
-        for (b, rx) in waits {
-            let d = rx.wait();
-            let r = match d.result() {
-                Ok(n) if n == self.bs => Ok(()),
-                Ok(n) => Err(io::Error::other(format!(
-                    "block {b}: short write ({n} bytes)"
-                ))),
-                Err(e) => Err(super::io_ctx(e, &format!("write of block {b}"))),
-            };
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        self.check(waits)
     }
 }
