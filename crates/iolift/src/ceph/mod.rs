@@ -1,75 +1,19 @@
-//! Ceph's client libraries, loaded at run time: librados ([`rados`]: the
+//! Ceph's client libraries, loaded at run time: librados ([`rados`], the
+//! iolift-rados crate, shared with the file system's kv backend: the
 //! cluster connection and pool I/O contexts) and librbd ([`rbd`]: images).
 //!
-//! librados.so.2 and librbd.so.1 are opened with `libloading` the first
-//! time something asks for them, so building iolift needs neither Ceph
-//! headers nor Ceph libraries, and only a feature that talks to Ceph needs
-//! them installed. Each library's entry points are resolved once into a
-//! process-wide table, and the library stays loaded for the life of the
-//! process (completion callbacks and the table point into it).
-//! `$IOLIFT_LIBRADOS` and `$IOLIFT_LIBRBD` name other files to load.
+//! librbd.so.1 is opened with `libloading` the first time something asks
+//! for it, after librados, with iolift-rados's loader helpers, so building
+//! iolift needs neither Ceph headers nor Ceph libraries, and only a feature
+//! that talks to Ceph needs them installed. Its entry points are resolved
+//! once into a process-wide table, and the library stays loaded for the
+//! life of the process (completion callbacks and the table point into
+//! it). `$IOLIFT_LIBRADOS` and `$IOLIFT_LIBRBD` name other files to load.
 //!
 //! Errors from here say what failed without naming the feature that asked;
 //! callers add that as context (the rbd backend's `rbd backend: ...`).
 
-pub mod rados;
+pub use iolift_rados as rados;
 pub mod rbd;
 
-use anyhow::{anyhow, Result};
-use libloading::Library;
-use std::ffi::CString;
-use std::sync::OnceLock;
-
-/// A negative return code as text, e.g. `No such file or directory (os error 2)`.
-pub fn errtext(r: i64) -> String {
-    let e = (-r).clamp(0, i32::MAX as i64) as i32;
-    std::io::Error::from_raw_os_error(e).to_string()
-}
-
-/// `s` as a C string; `what` names it in the error if it holds a NUL byte.
-pub fn cstr(what: &str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| anyhow!("{what} {s:?} contains a NUL byte"))
-}
-
-/// The table in `cell`, loaded by `load` on first use; a failure is kept
-/// and returned to every caller.
-fn table<T>(
-    cell: &'static OnceLock<Result<T, String>>,
-    load: fn() -> Result<T, String>,
-) -> Result<&'static T> {
-    cell.get_or_init(load).as_ref().map_err(|e| anyhow!("{e}"))
-}
-
-/// Opens the library named by `$env`, else `default`; `install` is the
-/// hint printed when it cannot be loaded. Returns the library and the name
-/// it was loaded by.
-fn load(env: &str, default: &str, install: &str) -> Result<(Library, String), String> {
-    let name = std::env::var(env).unwrap_or_else(|_| default.into());
-    // SAFETY: loading Ceph's client libraries runs their initialisers,
-    // which have no preconditions.
-    let lib = unsafe { Library::new(&name) }
-        .map_err(|e| format!("cannot load {name} ({install}): {e}"))?;
-    Ok((lib, name))
-}
-
-/// Resolves a required symbol of `lib` (loaded as `libname`).
-///
-/// # Safety
-///
-/// `T` must be the symbol's C type (its prototype in librados.h/librbd.h).
-unsafe fn sym<T: Copy>(lib: &Library, libname: &str, name: &str) -> Result<T, String> {
-    // SAFETY: the caller gives the right type.
-    unsafe { lib.get::<T>(name) }
-        .map(|s| *s)
-        .map_err(|e| format!("{libname} lacks {name}: {e}"))
-}
-
-/// Resolves an optional symbol: `None` if the library lacks it.
-///
-/// # Safety
-///
-/// As for [`sym`].
-unsafe fn opt_sym<T: Copy>(lib: &Library, name: &str) -> Option<T> {
-    // SAFETY: the caller gives the right type.
-    unsafe { lib.get::<T>(name) }.ok().map(|s| *s)
-}
+pub use iolift_rados::{cstr, errtext};

@@ -8,9 +8,8 @@
 //! connection. Asynchronous I/O on the image is the caller's: it calls the
 //! `rbd_aio_*` entry points with [`Image::handle`].
 
-use super::rados::{self, IoCtx, IoctxT};
-use super::{load, opt_sym, sym, table};
 use anyhow::Result;
+use iolift_rados::{self as rados, load, opt_sym, sym, table, IoCtx, IoctxT};
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;

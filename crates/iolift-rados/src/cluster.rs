@@ -1,79 +1,25 @@
-//! librados: the cluster connection ([`Cluster`]) and a pool's I/O context
-//! ([`IoCtx`]), for any feature that stores data in RADOS (the rbd backend
-//! opens its images through them).
+//! The cluster connection ([`Cluster`]) and a pool's I/O context
+//! ([`IoCtx`]).
 //!
-//! Contract: [`api`] loads librados once per process and resolves its
-//! entry points ([`RadosApi`]); a failure is remembered and returned to
-//! every caller. [`Cluster::connect`] reads the Ceph config the way Ceph's
-//! tools do (`conf`, else `$CEPH_CONF`, else Ceph's search path; then
-//! `$CEPH_ARGS`), bounds connecting and monitor operations by the given
-//! timeout, keeps librados quiet on stderr, and fails with one line saying
-//! what is wrong. An [`IoCtx`] keeps its cluster connected; dropping the
-//! last handle destroys the context, then shuts the connection down. Both
-//! handles may be used from any thread.
+//! Contract: [`Cluster::connect`] loads librados if needed, reads the Ceph
+//! config the way Ceph's tools do (`conf`, else `$CEPH_CONF`, else Ceph's
+//! search path; then `$CEPH_ARGS`), bounds connecting and monitor
+//! operations by the given timeout, keeps librados quiet on stderr, and
+//! fails with one line saying what is wrong. An [`IoCtx`] keeps its
+//! cluster connected; dropping the last handle destroys the context, then
+//! shuts the connection down. Both handles may be used from any thread.
 
-use super::{cstr, errtext, load, sym, table};
+use crate::api::{api, ClusterStat, Handle, RadosApi};
+use crate::{cstr, errtext};
 use anyhow::{bail, Result};
-use libloading::Library;
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_char;
 use std::ptr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// `rados_t`: a cluster handle.
-pub type RadosT = *mut c_void;
+pub type RadosT = Handle;
 /// `rados_ioctx_t`: a pool I/O context.
-pub type IoctxT = *mut c_void;
-
-/// The librados entry points iolift uses, resolved once per process.
-pub struct RadosApi {
-    pub rados_create2:
-        unsafe extern "C" fn(*mut RadosT, *const c_char, *const c_char, u64) -> c_int,
-    pub rados_conf_read_file: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
-    pub rados_conf_parse_env: unsafe extern "C" fn(RadosT, *const c_char) -> c_int,
-    pub rados_conf_set: unsafe extern "C" fn(RadosT, *const c_char, *const c_char) -> c_int,
-    pub rados_conf_get: unsafe extern "C" fn(RadosT, *const c_char, *mut c_char, usize) -> c_int,
-    pub rados_connect: unsafe extern "C" fn(RadosT) -> c_int,
-    pub rados_shutdown: unsafe extern "C" fn(RadosT),
-    pub rados_ioctx_create: unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int,
-    pub rados_ioctx_destroy: unsafe extern "C" fn(IoctxT),
-    /// Keeps the library mapped for the life of the process (the function
-    /// pointers above point into it).
-    _lib: Library,
-}
-
-static API: OnceLock<Result<RadosApi, String>> = OnceLock::new();
-
-/// librados, loaded on first use (`$IOLIFT_LIBRADOS`, default
-/// `librados.so.2`).
-pub fn api() -> Result<&'static RadosApi> {
-    table(&API, load_api)
-}
-
-fn load_api() -> Result<RadosApi, String> {
-    let (lib, name) = load(
-        "IOLIFT_LIBRADOS",
-        "librados.so.2",
-        "install Ceph's client libraries, e.g. apt-get install librados2 librbd1",
-    )?;
-    // SAFETY (every sym! below): the type is the C prototype from librados.h.
-    macro_rules! sym {
-        ($name:ident) => {
-            unsafe { sym(&lib, &name, stringify!($name)) }?
-        };
-    }
-    Ok(RadosApi {
-        rados_create2: sym!(rados_create2),
-        rados_conf_read_file: sym!(rados_conf_read_file),
-        rados_conf_parse_env: sym!(rados_conf_parse_env),
-        rados_conf_set: sym!(rados_conf_set),
-        rados_conf_get: sym!(rados_conf_get),
-        rados_connect: sym!(rados_connect),
-        rados_shutdown: sym!(rados_shutdown),
-        rados_ioctx_create: sym!(rados_ioctx_create),
-        rados_ioctx_destroy: sym!(rados_ioctx_destroy),
-        _lib: lib,
-    })
-}
+pub type IoctxT = Handle;
 
 /// How to reach a cluster, in Ceph's terms (as `rbd-nbd` takes them).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +58,12 @@ impl Drop for Cluster {
 impl Cluster {
     /// Loads librados if needed, configures a handle and connects.
     pub fn connect(cfg: &ClusterConfig) -> Result<Arc<Cluster>> {
+        Self::connect_with(cfg, &[])
+    }
+
+    /// As [`Cluster::connect`], with more librados options `(name, value)`
+    /// set after the config is read (e.g. `rados_osd_op_timeout`).
+    pub fn connect_with(cfg: &ClusterConfig, options: &[(&str, &str)]) -> Result<Arc<Cluster>> {
         let api = api()?;
         let mut h = Cluster {
             api,
@@ -169,6 +121,9 @@ impl Cluster {
         // Our own error line says what failed; keep librados quiet on stderr.
         set("log_to_stderr", "false")?;
         set("err_to_stderr", "false")?;
+        for (k, v) in options {
+            set(k, v)?;
+        }
         if let Some(k) = &cfg.keyring {
             if !std::path::Path::new(k).exists() {
                 bail!("keyring {k} does not exist");
@@ -232,6 +187,18 @@ impl Cluster {
         self.api
     }
 
+    /// (total bytes, available bytes, objects) of the whole cluster; a
+    /// failure is librados's errno.
+    pub fn stat(&self) -> Result<(u64, u64, u64), i32> {
+        let mut s = ClusterStat::default();
+        // SAFETY: connected handle and an out-struct of librados's layout.
+        let r = unsafe { (self.api.rados_cluster_stat)(self.handle, &mut s) };
+        if r < 0 {
+            return Err(-r);
+        }
+        Ok((s.kb << 10, s.kb_avail << 10, s.num_objects))
+    }
+
     /// Opens an I/O context on `pool`.
     pub fn ioctx(self: &Arc<Self>, pool: &str) -> Result<IoCtx> {
         let name = cstr("pool", pool)?;
@@ -240,14 +207,16 @@ impl Cluster {
         let r = unsafe { (self.api.rados_ioctx_create)(self.handle, name.as_ptr(), &mut io) };
         if r < 0 {
             if r == -libc::ENOENT {
-                bail!("pool {pool:?} does not exist");
+                bail!(
+                    "pool {pool:?} does not exist (create it with `ceph osd pool create {pool}`)"
+                );
             }
             bail!("cannot open pool {pool:?}: {}", errtext(r as i64));
         }
         Ok(IoCtx {
             api: self.api,
             handle: io,
-            _cluster: self.clone(),
+            cluster: self.clone(),
         })
     }
 }
@@ -257,7 +226,7 @@ pub struct IoCtx {
     api: &'static RadosApi,
     handle: IoctxT,
     /// Dropped after the context is destroyed (fields drop after `drop`).
-    _cluster: Arc<Cluster>,
+    cluster: Arc<Cluster>,
 }
 
 // SAFETY: librados I/O contexts are thread-safe for the calls made on them
@@ -277,5 +246,14 @@ impl IoCtx {
     /// The raw `rados_ioctx_t`, valid while `self` lives.
     pub fn handle(&self) -> IoctxT {
         self.handle
+    }
+
+    pub fn api(&self) -> &'static RadosApi {
+        self.api
+    }
+
+    /// The cluster this context keeps connected.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
     }
 }
