@@ -269,7 +269,9 @@ cmd_start() {
   monmaptool --create --fsid "$FSID" --addv a "[v2:$IP:$PORT2,v1:$IP:$PORT1]" "$DIR/monmap" >/dev/null
   ceph-mon -c "$CONF" -i a --mkfs --monmap "$DIR/monmap" --keyring "$DIR/mon.keyring" \
     >"$DIR/log/mkfs.mon.out" 2>&1 || { cat "$DIR/log/mkfs.mon.out" >&2; err "ceph-mon --mkfs failed"; }
-  start_daemon ceph-mon a
+  # The mon must not inherit the lock's descriptor: a daemon holding it
+  # would keep every other start waiting for as long as it lives.
+  start_daemon ceph-mon a {PORT_LOCK}>&-
   until_ok "the monitor to answer" cli 10 mon stat
   exec {PORT_LOCK}>&-
 
