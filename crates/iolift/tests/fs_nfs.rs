@@ -13,8 +13,10 @@
 mod common;
 #[path = "common/fs_mount.rs"]
 mod fs_mount;
+#[path = "common/fs_workloads.rs"]
+mod fs_workloads;
 use common::*;
-use fs_mount::{make_tree, tree_sums, FsMount};
+use fs_mount::FsMount;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -226,215 +228,33 @@ fn mount(sub: &str, extra: &[&str]) -> (FsMount, PathBuf, tempfile::TempDir) {
 #[test]
 fn fio_verify_writes_every_byte_to_the_export() {
     let _h = heavy();
-    require_tool("fio");
     let (m, host, _tmp) = mount("fio", &[]);
-    let out = run_ok(
-        cmd("fio")
-            .args([
-                "--name=v",
-                "--rw=randwrite",
-                "--bs=4k",
-                "--size=16M",
-                "--ioengine=psync",
-                "--numjobs=2",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--do_verify=1",
-                "--group_reporting",
-                "--verify_state_save=0",
-            ])
-            .arg(format!("--directory={}", m.mnt.display())),
-    );
-    assert!(out.stdout.contains("v: (groupid=0"), "{}", out.report());
-    let mut names: Vec<_> = fs::read_dir(&host)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    names.sort();
-    assert_eq!(names.len(), 2, "{names:?}");
-    for n in names {
-        assert_eq!(fs::metadata(host.join(&n)).unwrap().len(), 16 << 20);
-        assert_eq!(
-            sha256_file(&host.join(&n)),
-            sha256_file(&m.mnt.join(&n)),
-            "{n:?}: the export and the mount differ"
-        );
-    }
+    fs_workloads::fio_verify(&m.mnt, 16, Some(&host));
 }
 
 #[test]
 fn tar_in_and_out_keeps_every_byte() {
     let _h = heavy();
     let (m, host, tmp) = mount("tar", &["--threads", "3"]);
-    let tree = tmp.path().join("tree");
-    make_tree(&tree, 11);
-    let into = m.mnt.join("x");
-    fs::create_dir(&into).unwrap();
-    let copy = |from: &Path, to: &Path| {
-        run_ok(Command::new("sh").arg("-c").arg(format!(
-            "tar -C {} -cf - . | tar -C {} -xf -",
-            from.display(),
-            to.display()
-        )))
-    };
-    copy(&tree, &into);
-    let back = tmp.path().join("back");
-    fs::create_dir(&back).unwrap();
-    copy(&into, &back);
-    let want = tree_sums(&tree);
-    assert!(want.lines().count() > 150);
-    assert_eq!(tree_sums(&into), want);
-    assert_eq!(tree_sums(&host.join("x")), want, "the export itself");
-    assert_eq!(tree_sums(&back), want);
-    // The hard link is one node with two names, through the mount and on
-    // the server.
-    let (a, b) = (
-        fs::metadata(into.join("big.bin")).unwrap(),
-        fs::metadata(into.join("big.hard")).unwrap(),
-    );
-    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
-    let (ha, hb) = (
-        fs::metadata(host.join("x/big.bin")).unwrap(),
-        fs::metadata(host.join("x/big.hard")).unwrap(),
-    );
-    assert_eq!(ha.ino(), hb.ino());
-    assert_eq!(
-        fs::read_link(into.join("link")).unwrap(),
-        Path::new("dir0/sub0/f1.bin")
-    );
+    fs_workloads::tar_round_trip(tmp.path(), &m.mnt, &host);
 }
 
 #[test]
 fn git_clone_checkout_and_status() {
-    require_tool("git");
     let (m, host, _tmp) = mount("git", &[]);
-    let repo = m.mnt.join("repo");
-    fs::create_dir(&repo).unwrap();
-    let git = |dir: &Path, args: &[&str]| {
-        run_ok(
-            cmd("git")
-                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-                .args(["-c", "init.defaultBranch=main"])
-                .args(args)
-                .current_dir(dir),
-        )
-    };
-    git(&repo, &["init", "-q"]);
-    for i in 0..12 {
-        fs::write(
-            repo.join(format!("file{}.txt", i % 5)),
-            format!("line {i}\n").repeat(i + 1),
-        )
-        .unwrap();
-        git(&repo, &["add", "-A"]);
-        git(&repo, &["commit", "-q", "-m", &format!("c{i}")]);
-    }
-    git(&repo, &["checkout", "-q", "-b", "side", "HEAD~4"]);
-    fs::write(repo.join("side.txt"), "side\n").unwrap();
-    git(&repo, &["add", "side.txt"]);
-    git(&repo, &["commit", "-q", "-m", "side"]);
-    git(&repo, &["checkout", "-q", "main"]);
-    git(&m.mnt, &["clone", "-q", "repo", "clone"]);
-    let clone = m.mnt.join("clone");
-    git(&clone, &["checkout", "-q", "side"]);
-    assert_eq!(
-        fs::read_to_string(clone.join("side.txt")).unwrap(),
-        "side\n"
-    );
-    assert_eq!(git(&clone, &["status", "--porcelain"]).stdout, "");
-    fs::write(clone.join("file1.txt"), "changed\n").unwrap();
-    assert_eq!(
-        git(&clone, &["status", "--porcelain"]).stdout.trim(),
-        "M file1.txt"
-    );
-    git(&clone, &["fsck", "--strict"]);
-    // The server's copy is a sound repository too.
-    git(&host.join("clone"), &["fsck", "--strict"]);
-    assert_eq!(
-        fs::read_to_string(host.join("clone/file1.txt")).unwrap(),
-        "changed\n"
-    );
+    fs_workloads::git_history(&m.mnt, Some(&host), 12, 5, 4);
 }
 
 #[test]
 fn sqlite_database_passes_integrity_check() {
-    require_tool("sqlite3");
     let (m, host, _tmp) = mount("sqlite", &[]);
-    let db = m.mnt.join("t.db");
-    let mut sql = String::from("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, b BLOB);\n");
-    for batch in 0..8 {
-        sql.push_str("BEGIN;\n");
-        for i in 0..250 {
-            let id = batch * 250 + i;
-            sql.push_str(&format!(
-                "INSERT INTO t(v, b) VALUES ('row {id}', randomblob({}));\n",
-                100 + id % 900
-            ));
-        }
-        sql.push_str("COMMIT;\n");
-    }
-    sql.push_str("DELETE FROM t WHERE id % 3 = 0;\nVACUUM;\n");
-    let mut child = cmd("sqlite3")
-        .arg(&db)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(sql.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let q = |db: &Path, s: &str| {
-        run_ok(cmd("sqlite3").arg(db).arg(s))
-            .stdout
-            .trim()
-            .to_string()
-    };
-    assert_eq!(q(&db, "PRAGMA integrity_check;"), "ok");
-    assert_eq!(q(&db, "SELECT count(*) FROM t;"), "1334");
-    assert_eq!(q(&host.join("t.db"), "PRAGMA integrity_check;"), "ok");
-    assert_eq!(sha256_file(&db), sha256_file(&host.join("t.db")));
+    fs_workloads::sqlite_rows(&m.mnt, &host, 8, false);
 }
 
 #[test]
 fn rsync_checksums_match_the_source() {
-    require_tool("rsync");
     let (m, host, tmp) = mount("rsync", &[]);
-    let tree = tmp.path().join("tree");
-    make_tree(&tree, 23);
-    let dst = m.mnt.join("r");
-    run_ok(
-        cmd("rsync")
-            .arg("-aH")
-            .arg(format!("{}/", tree.display()))
-            .arg(&dst),
-    );
-    let check = |to: &Path| {
-        run_ok(
-            cmd("rsync")
-                .args(["-aHc", "--dry-run", "--itemize-changes", "--delete"])
-                .arg(format!("{}/", tree.display()))
-                .arg(format!("{}/", to.display())),
-        )
-        .stdout
-    };
-    assert_eq!(
-        check(&dst).trim(),
-        "",
-        "rsync -c found differences on the mount"
-    );
-    assert_eq!(check(&host.join("r")).trim(), "", "and in the export");
-    fs::write(dst.join("dir1/sub1/f3.bin"), b"different").unwrap();
-    assert!(check(&host.join("r")).contains("dir1/sub1/f3.bin"));
+    fs_workloads::rsync_tree(tmp.path(), &m.mnt, &host);
 }
 
 #[test]
