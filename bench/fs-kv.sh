@@ -58,6 +58,8 @@ cleanup() {
 trap cleanup EXIT
 rm -rf "$WORK"
 mkdir -p "$SRC" "$MNT" "$RES"
+# peak_kib, wait_mount
+source bench/lib.sh
 
 echo "load before: $(uptime)"
 CONF=$(CEPH_LOCAL_POOL=kvfs CEPH_LOCAL_IMAGE= CEPH_LOCAL_OSDS=1 CEPH_LOCAL_POOL_SIZE=1 \
@@ -70,16 +72,11 @@ mount_setup() { # mount_setup kv|mirror
         mirror) "$BIN" fs mount "mirror:$SRC" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" & ;;
     esac
     SERVER_PID=$!
-    for _ in $(seq 600); do
-        mountpoint -q "$MNT" && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$RES/iolift.log" >&2; exit 1; }
-        sleep 0.05
-    done
-    echo "$1 did not mount" >&2; exit 1
+    wait_mount "$MNT" "$RES/iolift.log" 30
 }
 
 unmount_setup() {
-    HWM=$(awk '/VmHWM/ { print $2 }' "/proc/$SERVER_PID/status" 2>/dev/null || echo 0)
+    HWM=$(peak_kib "$SERVER_PID")
     umount "$MNT" 2>/dev/null || umount -l "$MNT"
     kill "$SERVER_PID" 2>/dev/null || true
     wait "$SERVER_PID" 2>/dev/null || true

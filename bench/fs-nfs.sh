@@ -80,9 +80,9 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
+# cpu_ticks, peak_kib, wait_mount
+source bench/lib.sh
 busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
-hwm_kib() { awk '/VmHWM/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 mount_setup() { # mount_setup mirror|nfs
     case $1 in
@@ -90,16 +90,11 @@ mount_setup() { # mount_setup mirror|nfs
         nfs) "$BIN" fs mount "nfs://127.0.0.1$EXP?nfsport=$PORT&mountport=$MNT_PORT&connections=$THREADS" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" & ;;
     esac
     SERVER_PID=$!
-    for _ in $(seq 300); do
-        mountpoint -q "$MNT" && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$RES/iolift.log" >&2; exit 1; }
-        sleep 0.05
-    done
-    echo "$1 did not mount" >&2; exit 1
+    wait_mount "$MNT" "$RES/iolift.log" 15
 }
 
 unmount_setup() {
-    HWM=$(hwm_kib "$SERVER_PID")
+    HWM=$(peak_kib "$SERVER_PID")
     umount "$MNT" 2>/dev/null || umount -l "$MNT"
     kill "$SERVER_PID" 2>/dev/null || true
     wait "$SERVER_PID" 2>/dev/null || true
@@ -117,7 +112,7 @@ run_cell() {
     s1=$(cpu_ticks "$SERVER_PID"); g1=$(cpu_ticks "$GANESHA_PID"); b1=$(busy_ticks)
     unmount_setup
     python3 - "$setup" "$cell" "$rep" "$((s1 - s0))" "$((g1 - g0))" "$((b1 - b0))" "$HWM" \
-        "$(hwm_kib "$GANESHA_PID")" "$RES/out.json" >>"$RES/rows" <<'PY'
+        "$(peak_kib "$GANESHA_PID")" "$RES/out.json" >>"$RES/rows" <<'PY'
 import json, sys
 setup, cell, rep, st, gt, bt, hwm, ghwm, path = sys.argv[1:]
 hz = 100

@@ -1,9 +1,13 @@
-# Shared by the bench scripts that start an NBD server per run
-# (bench/nbd.sh, bench/direct.sh): source it after setting WORK.
+# Shared by the bench scripts that start a server per run (bench/nbd.sh,
+# bench/direct.sh with NBD servers; bench/fs-nfs.sh, bench/fs-kv.sh with
+# FUSE mounts): source it after setting WORK.
 #
 #   "$BIN" serve --socket "$sock" ... 2>"$WORK/$name.log" &
 #   SERVER_PID=$!; wait_socket "$name" "$sock"
 #   ...; stop_server
+#
+#   "$BIN" fs mount SPEC "$MNT" ... 2>"$LOG" &
+#   SERVER_PID=$!; wait_mount "$MNT" "$LOG"
 #
 # cpu_ticks PID: utime+stime of PID in clock ticks (/proc/PID/stat).
 # peak_kib PID: the peak resident set (VmHWM) of PID in KiB.
@@ -47,6 +51,18 @@ wait_socket() {
         sleep 0.05
     done
     echo "$1 did not start" >&2; cat "$WORK/$1.log" >&2; exit 1
+}
+
+# wait_mount MNT LOG [SECONDS]: until MNT is a mount point (SECONDS, default
+# 15, at most); exits the script with LOG (the server's log) if SERVER_PID
+# dies first or MNT is never mounted.
+wait_mount() {
+    for _ in $(seq $((${3:-15} * 20))); do
+        mountpoint -q "$1" && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$2" >&2; exit 1; }
+        sleep 0.05
+    done
+    echo "$1 was not mounted within ${3:-15} s" >&2; cat "$2" >&2; exit 1
 }
 
 stop_server() {
