@@ -17,12 +17,15 @@
 //! - [`disk`]: root-only helpers for tests that use the kernel: mounts
 //!   ([`Mount`], [`is_mounted`], [`umount_lazy`]), `mkfs.ext4`, `e2fsck`,
 //!   `sync`, and the `qemu-img` calls several tests repeat.
+//! - [`ceph`]: one local Ceph cluster shared by the test binaries of a
+//!   suite run ([`ceph::shared_cluster`]), each test in a pool of its own.
 //! - [`guest`]: boot a throw-away QEMU guest and run one test script in it
 //!   (for tests of the kernel's own clients).
 //!
 //! A missing tool fails the test with "missing X: run scripts/test.sh,
 //! which installs it"; nothing here skips a test silently.
 
+pub mod ceph;
 pub mod crushmap;
 pub mod data;
 pub mod disk;

@@ -1,5 +1,6 @@
-//! `iolift fs mount kv:rados:POOL`: the kv backend on a throwaway Ceph
-//! cluster (scripts/ceph-local.sh, one memstore OSD), through the kernel's
+//! `iolift fs mount kv:rados:POOL`: the kv backend in a pool of its own
+//! (one replica) on the suite's shared local Ceph cluster
+//! (iolift_testkit::ceph; scripts/ceph-local.sh), through the kernel's
 //! FUSE client: fio verify, many small files with checksums, rsync -c of
 //! a flat directory, overwrite/truncate/append against an in-memory model,
 //! what a flat namespace refuses, the objects seen with `rados`, a
@@ -10,6 +11,8 @@
 mod common;
 #[path = "common/fs_mount.rs"]
 mod fs_mount;
+#[path = "common/fs_workloads.rs"]
+mod fs_workloads;
 mod rbd_util;
 use common::*;
 use fs_mount::FsMount;
@@ -20,8 +23,6 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-
-const POOL: &str = "kvfs";
 
 /// Mounts the kv backend `spec` on `mnt`; its first line must say it
 /// serves kv.
@@ -35,12 +36,12 @@ fn kv_mount(spec: &str, mnt: &Path) -> FsMount {
     m
 }
 
-fn rados(conf: &Path, args: &[&str]) -> Out {
+fn rados(conf: &Path, pool: &str, args: &[&str]) -> Out {
     run_ok(
         cmd("rados")
             .arg("-c")
             .arg(conf)
-            .args(["-p", POOL])
+            .args(["-p", pool])
             .args(args),
     )
 }
@@ -112,17 +113,10 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
     for t in ["fio", "rsync", "sha256sum"] {
         require_tool(t);
     }
-    let cl = rbd_util::Cluster::start(
-        "64M",
-        &[
-            ("CEPH_LOCAL_POOL", POOL),
-            ("CEPH_LOCAL_IMAGE", ""),
-            ("CEPH_LOCAL_OSDS", "1"),
-            ("CEPH_LOCAL_POOL_SIZE", "1"),
-        ],
-    );
-    let conf = cl.conf.clone();
-    let spec = format!("kv:rados:{POOL},conf={},object_size=64K", conf.display());
+    // One replica: the pool's objects live on one OSD.
+    let cl = rbd_util::Cluster::shared("kvfs", 1, None);
+    let (conf, pool) = (cl.conf.clone(), cl.pool.as_str());
+    let spec = format!("kv:rados:{pool},conf={},object_size=64K", conf.display());
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("mnt");
 
@@ -130,7 +124,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
     for (bad, says) in [
         ("kv:rados:".to_string(), "pool name is missing"),
         ("kv:redis:x".to_string(), "unknown store"),
-        (format!("kv:rados:{POOL},object_size=5K"), "object_size=5K"),
+        (format!("kv:rados:{pool},object_size=5K"), "object_size=5K"),
         (
             format!("kv:rados:nosuchpool,conf={},timeout=20", conf.display()),
             "pool \"nosuchpool\" does not exist",
@@ -149,24 +143,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
     let mut m = kv_mount(&spec, &mnt);
 
     // fio verify on a few files (two jobs, one file each).
-    let out = run_ok(
-        cmd("fio")
-            .args([
-                "--name=v",
-                "--rw=randwrite",
-                "--bs=4k",
-                "--size=4M",
-                "--ioengine=psync",
-                "--numjobs=2",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--do_verify=1",
-                "--group_reporting",
-                "--verify_state_save=0",
-            ])
-            .arg(format!("--directory={}", mnt.display())),
-    );
-    assert!(out.stdout.contains("v: (groupid=0"), "{}", out.report());
+    fs_workloads::fio_verify(&mnt, 4, None);
 
     // Many small files, read back with checksums.
     let mut sums = BTreeMap::new();
@@ -229,7 +206,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
 
     // The data is in RADOS: the index's omap keys are the names and the
     // file's first object holds its first 64 KiB.
-    let keys = rados(&conf, &["listomapkeys", "kvfs.index"]).stdout;
+    let keys = rados(&conf, pool, &["listomapkeys", "kvfs.index"]).stdout;
     assert!(keys.lines().any(|k| k == "small-010"), "{keys}");
     assert!(!keys.lines().any(|k| k == "small-004"), "{keys}");
     let big = m.p("r30.bin");
@@ -237,6 +214,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
     let obj = tmp.path().join("obj");
     rados(
         &conf,
+        pool,
         &[
             "get",
             &format!("kvfs.{id:x}.00000000"),
@@ -249,7 +227,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
         fs::read(&obj).unwrap() == want[..65536],
         "object 0 of r30.bin"
     );
-    let objs = rados(&conf, &["ls"]).stdout;
+    let objs = rados(&conf, pool, &["ls"]).stdout;
     assert!(objs.lines().any(|o| o == "kvfs.index"), "{objs}");
 
     // Remount: names, node ids and bytes come back from the pool.
@@ -298,7 +276,7 @@ fn kv_rados_serves_a_flat_file_system_from_objects() {
     }
     assert_eq!(fs::read_dir(&mnt).unwrap().count(), 0);
     drop(m);
-    let objs = rados(&conf, &["ls"]).stdout;
+    let objs = rados(&conf, pool, &["ls"]).stdout;
     let left: Vec<&str> = objs
         .lines()
         .filter(|o| o.starts_with("kvfs.") && *o != "kvfs.index")

@@ -2,8 +2,9 @@
 //! through the BlockDev API, checked against `rbd export`; and its error
 //! lines for a missing pool, image, cluster or librbd.
 //!
-//! One #[test] per cluster: a cluster takes seconds to start and a few
-//! hundred MiB of RAM, so the checks run in sequence on one.
+//! Each #[test] works in a pool and image of its own on the suite's shared
+//! cluster (iolift_testkit::ceph: a cluster takes tens of seconds to start
+//! and a few hundred MiB of RAM), its checks in sequence.
 
 mod rbd_util;
 
@@ -40,14 +41,15 @@ async fn check(dev: &DevRef, model: &[u8], off: u64, len: u32) {
 
 #[test]
 fn rbd_backend_io_and_export() {
-    let cl = Cluster::start("64M", &[]);
+    let cl = Cluster::shared("rbd", 3, Some("64M"));
     let size = cl.image_size;
     let rt = rt();
     let dev = iolift::backend::open(&cl.spec()).expect("open rbd backend");
     let info = dev.info();
     assert_eq!(info.size, size, "image size");
     assert!(info.can_flush && info.can_fua && info.can_trim && info.can_zero);
-    assert!(dev.name().contains("rbd/img"), "{}", dev.name());
+    let img = format!("{}/{}", cl.pool, cl.image);
+    assert!(dev.name().contains(&img), "{}", dev.name());
 
     let mut model = vec![0u8; size as usize];
     rt.block_on(async {
@@ -280,8 +282,8 @@ fn rbd_backend_errors() {
 
     // Against a live cluster with cephx: missing pool, missing image, wrong
     // key; id= and keyring= reach librados.
-    let cl = Cluster::start("16M", &[("CEPH_LOCAL_AUTH", "cephx")]);
-    let conf = cl.conf.display().to_string();
+    let cl = Cluster::shared("rbd", 3, Some("16M"));
+    let (conf, pool) = (cl.conf.display().to_string(), &cl.pool);
     serve_fails(
         &format!("rbd:nopool/img,conf={conf}"),
         &[],
@@ -289,9 +291,9 @@ fn rbd_backend_errors() {
         Duration::from_secs(15),
     );
     serve_fails(
-        &format!("rbd:rbd/noimage,conf={conf}"),
+        &format!("rbd:{pool}/noimage,conf={conf}"),
         &[],
-        "image rbd/noimage does not exist",
+        &format!("image {pool}/noimage does not exist"),
         Duration::from_secs(15),
     );
     let wrong = d.path().join("wrong.keyring");
@@ -305,7 +307,7 @@ fn rbd_backend_errors() {
     );
     serve_fails(
         &format!(
-            "rbd:rbd/img,conf={conf},keyring={},timeout=5",
+            "rbd:{pool}/img,conf={conf},keyring={},timeout=5",
             wrong.display()
         ),
         &[],
@@ -313,15 +315,15 @@ fn rbd_backend_errors() {
         Duration::from_secs(15),
     );
     serve_fails(
-        &format!("rbd:rbd/img,conf={conf},id=nobody,timeout=5"),
+        &format!("rbd:{pool}/img,conf={conf},id=nobody,timeout=5"),
         &[],
         "cannot connect",
         Duration::from_secs(15),
     );
     let right = d.path().join("admin.keyring");
-    std::fs::copy(cl.cdir().join("keyring"), &right).unwrap();
+    std::fs::copy(cl.keyring(), &right).unwrap();
     let dev = iolift::backend::open(&format!(
-        "rbd:rbd/img,conf={conf},id=admin,keyring={}",
+        "rbd:{pool}/img,conf={conf},id=admin,keyring={}",
         right.display()
     ))
     .expect("open with id= and keyring=");

@@ -1,7 +1,9 @@
 //! An RBD image served by `iolift serve rbd:POOL/IMAGE,conf=...` on a real
 //! local Ceph cluster (scripts/ceph-local.sh), checked with real NBD clients
 //! (qemu-img, nbdcopy, fio) against Ceph's own view of the image (`rbd
-//! export`, qemu's rbd driver), including while an OSD is killed.
+//! export`, qemu's rbd driver), including while an OSD is killed (that
+//! test starts a cluster of its own; the other uses a pool of its own on
+//! the suite's shared cluster, iolift_testkit::ceph).
 
 mod common;
 mod rbd_util;
@@ -37,7 +39,7 @@ fn rbd_served_over_nbd() {
     for t in ["qemu-img", "nbdcopy", "fio", "nbdinfo"] {
         require_tool(t);
     }
-    let cl = Cluster::start("128M", &[]);
+    let cl = Cluster::shared("rbd", 3, Some("128M"));
     let _g = heavy();
     let srv = ServerBuilder::iolift().backend(&cl.spec()).start();
     let uri = srv.uri();
@@ -94,6 +96,7 @@ fn rbd_served_over_nbd() {
 #[test]
 fn rbd_osd_killed_during_fio_verify() {
     require_tool("fio");
+    // A cluster of its own: it kills an OSD.
     let cl = Cluster::start("128M", &[]);
     let _g = heavy();
     let srv = ServerBuilder::iolift().backend(&cl.spec()).start();

@@ -2,7 +2,8 @@
 //! cluster's crush map (`ceph osd getcrushmap`) and pool parameters (`ceph
 //! osd pool ls detail`), then for many object names (with and without a
 //! namespace) `ceph osd map` must give the same raw hash, PG and up set as
-//! iolift's object -> PG -> OSD placement.
+//! iolift's object -> PG -> OSD placement. The pool is the test's own, on
+//! the suite's shared cluster (iolift_testkit::ceph).
 
 mod common;
 mod rbd_util;
@@ -65,7 +66,7 @@ fn parse_ours(out: &str) -> (u32, String, Vec<i32>) {
 
 #[test]
 fn map_object_matches_ceph_osd_map() {
-    let cl = Cluster::start("16M", &[]);
+    let cl = Cluster::shared("rbd", 3, None);
     let dir = tempfile::tempdir().unwrap();
     let map = dir.path().join("crush.bin");
     ceph(&cl, &["osd", "getcrushmap", "-o", map.to_str().unwrap()]);
