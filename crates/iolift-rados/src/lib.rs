@@ -87,3 +87,35 @@ pub unsafe fn opt_sym<T: Copy>(lib: &Library, name: &str) -> Option<T> {
     // SAFETY: the caller gives the right type.
     unsafe { lib.get::<T>(name) }.ok().map(|s| *s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_what_failed() {
+        assert_eq!(
+            errtext(-2),
+            std::io::Error::from_raw_os_error(2).to_string()
+        );
+        assert!(errtext(-2).contains("No such file"), "{}", errtext(-2));
+        let e = cstr("pool", "a\0b").unwrap_err().to_string();
+        assert_eq!(e, "pool \"a\\0b\" contains a NUL byte");
+        assert_eq!(cstr("pool", "rbd").unwrap().as_bytes(), b"rbd");
+    }
+
+    #[test]
+    fn a_missing_library_says_which_and_how_to_install() {
+        let Err(e) = load(
+            "IOLIFT_RADOS_TEST_UNSET_VARIABLE",
+            "libiolift-no-such-library.so.7",
+            "install it",
+        ) else {
+            panic!("a library that does not exist loaded");
+        };
+        assert!(
+            e.starts_with("cannot load libiolift-no-such-library.so.7 (install it): "),
+            "{e}"
+        );
+    }
+}
