@@ -14,6 +14,7 @@
 //! ```
 
 pub mod batch;
+pub mod devfuse;
 pub mod fs;
 pub mod handles;
 pub mod kernel;

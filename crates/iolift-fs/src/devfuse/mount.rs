@@ -1,0 +1,143 @@
+//! Opening /dev/fuse and mounting it (mount(2), root), the same way the
+//! fuser front-end does, and cloning the fd for more reader threads.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+fn io_err(ctx: String, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{ctx}: {e}"))
+}
+
+fn open_dev_fuse() -> io::Result<OwnedFd> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| io_err("cannot open /dev/fuse".into(), e))?;
+    Ok(f.into())
+}
+
+/// Mounts a FUSE file system named `name` of type `fuse.<subtype>` on
+/// `dir` (made canonical) and returns the /dev/fuse fd that serves it.
+pub fn mount(dir: &Path, name: &str, subtype: &str) -> io::Result<(OwnedFd, PathBuf)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "a FUSE mount needs root (mount(2) of /dev/fuse); run as root",
+        ));
+    }
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| io_err(format!("mount point {}", dir.display()), e))?;
+    if !dir.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("mount point {} is not a directory", dir.display()),
+        ));
+    }
+    let fd = open_dev_fuse()?;
+    let data = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
+        fd.as_raw_fd()
+    );
+    let src =
+        CString::new(name.replace(['\0', ' ', ','], "_")).unwrap_or_else(|_| c"iolift-fs".into());
+    let fstype = CString::new(format!("fuse.{subtype}"))?;
+    let target = CString::new(dir.as_os_str().as_bytes())?;
+    let cdata = CString::new(data)?;
+    // SAFETY: all pointers are valid NUL-terminated strings owned here.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            cdata.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(io_err(
+            format!("mount(2) of FUSE at {}", dir.display()),
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok((fd, dir))
+}
+
+/// FUSE_DEV_IOC_CLONE: `_IOR(229, 0, uint32_t)`.
+const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+
+/// A second fd on the same connection, with its own request queue for
+/// the thread that reads it.
+pub fn clone_fd(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    let new = open_dev_fuse()?;
+    let old: u32 = fd.as_raw_fd() as u32;
+    // SAFETY: `new` is an open /dev/fuse fd, `old` a valid u32 the ioctl reads.
+    let r = unsafe { libc::ioctl(new.as_raw_fd(), FUSE_DEV_IOC_CLONE, &old) };
+    if r != 0 {
+        return Err(io_err(
+            "FUSE_DEV_IOC_CLONE".into(),
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(new)
+}
+
+/// An eventfd (non-blocking, close-on-exec).
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; a valid fd is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io_err("eventfd".into(), io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just created and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The kernel's FUSE ring has one queue per possible CPU
+/// (/sys/devices/system/cpu/possible, e.g. "0-3" or "0,2-5").
+pub fn possible_cpus() -> io::Result<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .map_err(|e| io_err("/sys/devices/system/cpu/possible".into(), e))?;
+    parse_cpu_list(s.trim()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("/sys/devices/system/cpu/possible: cannot parse {s:?}"),
+        )
+    })
+}
+
+fn parse_cpu_list(s: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for part in s.split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = part.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        if b < a {
+            return None;
+        }
+        n += b - a + 1;
+    }
+    (n > 0).then_some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(super::parse_cpu_list("0-1"), Some(2));
+        assert_eq!(super::parse_cpu_list("0"), Some(1));
+        assert_eq!(super::parse_cpu_list("0,2-5"), Some(5));
+        assert_eq!(super::parse_cpu_list("3-1"), None);
+        assert_eq!(super::parse_cpu_list(""), None);
+        assert_eq!(super::parse_cpu_list("x"), None);
+    }
+}
