@@ -5,6 +5,7 @@
 //! outside), then unmounts. See docs/fs.md.
 
 mod budget;
+mod devfuse;
 mod drive;
 mod virtio;
 
@@ -64,6 +65,8 @@ struct MountArgs {
     no_dir_cache: bool,
     #[command(flatten)]
     budget: budget::BudgetArgs,
+    #[command(flatten)]
+    transport: devfuse::TransportArgs,
 }
 
 pub fn run(a: FsArgs) -> Result<ExitCode> {
@@ -90,6 +93,9 @@ impl MetricSource for FsMetrics {
 }
 
 fn mount(a: MountArgs) -> Result<ExitCode> {
+    if a.transport.is_own() {
+        return devfuse::mount(a);
+    }
     if !(1..=64).contains(&a.threads) {
         bail!("--threads {}: must be 1 to 64", a.threads);
     }
