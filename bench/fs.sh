@@ -56,6 +56,12 @@ VPOOL=${VPOOL:-0}   # serve-virtiofs --thread-pool-size (0: both daemons' defaul
 # and writes on the queue thread), to compare with its io_uring data path.
 VSETUPS=${VSETUPS:-vfs-null vfs-iolift vfs-virtiofsd}
 VIRTIOFSD=${VIRTIOFSD:-/usr/lib/qemu/virtiofsd}
+# Q2 setups (the fuser front-end is "iolift"); TRANSPORTS adds the devfuse
+# front-end's transports as setups iolift-uring / iolift-devfuse, e.g.
+#   ONLY=q2 Q2_SETUPS='bindfs iolift' TRANSPORTS='uring devfuse' \
+#     CELLS='4k-qd|stat|create|readdir' bench/fs.sh
+Q2_SETUPS=${Q2_SETUPS:-ext4 bindfs iolift iolift-pt}
+TRANSPORTS=${TRANSPORTS:-}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
 [[ $(id -u) == 0 ]] || { echo "bench/fs.sh needs root (FUSE mounts)" >&2; exit 1; }
@@ -81,6 +87,7 @@ cleanup() {
     if mountpoint -q "$MNT" 2>/dev/null; then umount -l "$MNT" || true; fi
     [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null || true
     rm -rf "$WORK"
+    [[ -n ${URING_OLD:-} ]] && echo "$URING_OLD" >/sys/module/fuse/parameters/enable_uring || true
 }
 trap cleanup EXIT
 rm -rf "$WORK"
@@ -104,6 +111,9 @@ mount_setup() {
             SERVER_PID=$! ;;
         iolift-pt)
             "$BIN" fs mount "mirror:$SRC" "$MNT" --threads "$THREADS" --passthrough >"$RES/iolift.out" 2>"$RES/iolift.log" &
+            SERVER_PID=$! ;;
+        iolift-uring|iolift-devfuse)
+            "$BIN" fs mount "mirror:$SRC" "$MNT" --threads "$THREADS" --transport "${1#iolift-}" >"$RES/iolift.out" 2>"$RES/iolift.log" &
             SERVER_PID=$! ;;
         null)
             "$BIN" fs mount "null:1G" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" &
@@ -206,7 +216,13 @@ if [[ $ONLY == all || $ONLY == q1 ]]; then
     done
 fi
 if [[ $ONLY == all || $ONLY == q2 ]]; then
-    SETUPS=(ext4 bindfs iolift iolift-pt)
+    read -ra SETUPS <<<"$Q2_SETUPS"
+    for t in $TRANSPORTS; do SETUPS+=("iolift-$t"); done
+    if [[ " $TRANSPORTS " == *" uring "* ]]; then
+        # FUSE over io_uring is off unless fuse's enable_uring is Y (restored at exit).
+        URING_OLD=$(cat /sys/module/fuse/parameters/enable_uring)
+        echo Y >/sys/module/fuse/parameters/enable_uring
+    fi
     for rep in $(seq "$R"); do
         for s in "${SETUPS[@]}"; do
             prep_data
@@ -364,6 +380,10 @@ if q2:
         if v.get("bindfs") and "iolift" in v:
             r = v["iolift"] / v["bindfs"]
             print(f"  target: iolift FUSE mirror {c} >= 1.5x bindfs ({r:.2f}x): {'met' if r >= 1.5 else 'NOT met'}")
+        for t in ("iolift-uring", "iolift-devfuse"):
+            if v.get("bindfs") and t in v:
+                r, f = v[t] / v["bindfs"], (f"; {v[t] / v['iolift']:.2f}x fuser" if v.get("iolift") else "")
+                print(f"  target: iolift FUSE mirror over {t[7:]} {c} >= 1.5x bindfs ({r:.2f}x{f}): {'met' if r >= 1.5 else 'NOT met'}")
         if k != "ops_s" and v.get("ext4") and "iolift-pt" in v:
             r = v["iolift-pt"] / v["ext4"]
             print(f"  target: iolift FUSE mirror --passthrough {c} >= 0.9x ext4 ({r:.2f}x): {'met' if r >= 0.9 else 'NOT met'}")
