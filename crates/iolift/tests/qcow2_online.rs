@@ -9,6 +9,9 @@
 //! completion; data paths per connection) and caches that alternate
 //! between a quarter of and all the clusters one fio job touches, so
 //! many requests hit while the control plane invalidates under them.
+//! And a third time at queue depth 1 with the default engine of `direct`
+//! (uring): there requests alone on their data path run on the reader's
+//! thread (hits on the path's inline ring), which the stats must show.
 
 mod common;
 use common::*;
@@ -41,7 +44,7 @@ fn file_len(p: &Path) -> u64 {
 
 #[test]
 fn fio_verify_while_snapshots_discards_and_compaction_run() {
-    online("cache=2,paths=4", ["1", "2"], false, 0, ("8M", "3"));
+    online("cache=2,paths=4", ["1", "2"], None, 0, ("8M", "3", "16"));
 }
 
 #[test]
@@ -49,19 +52,37 @@ fn fio_verify_on_the_uring_path_while_the_control_plane_changes_mappings() {
     online(
         "cache=4096,paths=4,direct,engine=uring,placement=conn",
         ["1024", "4096"],
-        true,
+        Some(("uring_ops", 1000)),
         1000,
-        ("2M", "10"),
+        ("2M", "10", "16"),
+    );
+}
+
+#[test]
+fn fio_verify_at_depth_1_on_the_inline_ring_while_mappings_change() {
+    online(
+        "cache=4096,paths=4,direct",
+        ["1024", "4096"],
+        Some(("uring_inline_hits", 1000)),
+        1000,
+        ("256K", "40", "1"),
     );
 }
 
 /// The scenario above on a server with backend options `opts`; the
 /// control loop alternates the caches between the budgets `sizes`.
-/// `uring`: the stats must show requests served by the io_uring engines.
-/// `pause_ms`: between control rounds (each snapshot and compaction
-/// invalidates cached mappings; a pause lets hits happen in between).
-/// `fio`: each job's region size and the number of write+verify loops.
-fn online(opts: &str, sizes: [&'static str; 2], uring: bool, pause_ms: u64, fio: (&str, &str)) {
+/// `uring`: a counter of the stats (the io_uring engines') that must
+/// pass a minimum. `pause_ms`: between control rounds (each snapshot and
+/// compaction invalidates cached mappings; a pause lets hits happen in
+/// between). `fio`: each job's region size, the number of write+verify
+/// loops and the queue depth.
+fn online(
+    opts: &str,
+    sizes: [&'static str; 2],
+    uring: Option<(&str, u64)>,
+    pause_ms: u64,
+    fio: (&str, &str, &str),
+) {
     let _g = heavy();
     require_tool("fio");
     let mut b = ServerBuilder::iolift();
@@ -142,7 +163,7 @@ fn online(opts: &str, sizes: [&'static str; 2], uring: bool, pause_ms: u64, fio:
         &format!("--uri={uri}"),
         "--rw=randwrite",
         "--bs=4k",
-        "--iodepth=16",
+        &format!("--iodepth={}", fio.2),
         "--numjobs=2",
         &format!("--size={}", fio.0),
         "--offset_increment=24M",
@@ -179,15 +200,15 @@ fn online(opts: &str, sizes: [&'static str; 2], uring: bool, pause_ms: u64, fio:
     ] {
         assert!(stats.contains(k), "{k} missing:\n{stats}");
     }
-    if uring {
+    if let Some((key, min)) = uring {
         let ops: u64 = stats
             .lines()
-            .find_map(|l| l.strip_prefix("uring_ops "))
-            .unwrap_or_else(|| panic!("uring_ops missing:\n{stats}"))
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{key} missing:\n{stats}"))
             .parse()
             .unwrap();
-        eprintln!("uring_ops {ops}");
-        assert!(ops > 1000, "few requests took the io_uring path:\n{stats}");
+        eprintln!("{key} {ops}");
+        assert!(ops > min, "few requests took the io_uring path:\n{stats}");
     }
     let bad = run_fail(
         std::process::Command::new(iolift_bin())
