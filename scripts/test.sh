@@ -95,5 +95,10 @@ log "cargo $(cargo --version | cut -d' ' -f2), $(nproc) cores, CI=${CI:-}"
 start=$(date +%s)
 # iolift/ublk: `serve --ublk` (docs/ublk.md), tested in a guest (tests/guest_ublk.rs)
 cargo build --release --workspace --features iolift/ublk
+# The test Ceph cluster the binaries share (crates/iolift-testkit/src/ceph.rs)
+# would stop itself two minutes after its last user; stop it when the suite
+# ends instead, however it ends.
+shared_ceph=/var/tmp/iolift-ceph-shared
+trap '[ -d "$shared_ceph" ] && bash scripts/ceph-local.sh stop "$shared_ceph" >/dev/null 2>&1 || true' EXIT
 cargo test --release --workspace --features iolift/ublk --no-fail-fast "$@"
 log "suite passed in $(( $(date +%s) - start )) s"
