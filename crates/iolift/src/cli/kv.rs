@@ -86,8 +86,10 @@ struct StoreArgs {
     /// table file).
     #[arg(long = "cache_blocks", default_value_t = iolift_kv::KV_CACHE_BLOCKS)]
     cache_blocks: usize,
-    /// AccelFS cache of all open files together, in MiB.
-    #[arg(long = "accelfs_cache_mb", default_value_t = 64)]
+    /// AccelFS cache of all open files together, in MiB (256: what the
+    /// host's page cache holds of a default db_bench run's files at 1 KiB
+    /// values, so that reads find what they would find there).
+    #[arg(long = "accelfs_cache_mb", default_value_t = 256)]
     accelfs_cache_mb: usize,
     /// The engine's memtable size in bytes (db_bench's flag).
     #[arg(long = "write_buffer_size", default_value_t = 4 << 20)]
