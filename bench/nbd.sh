@@ -7,6 +7,9 @@
 #   KEEP=1 bench/nbd.sh          # keep the fio JSON files (path printed)
 #   BUSY=1 bench/nbd.sh          # the same under a fixed competing load
 #                                # (stress-ng --cpu <cores>, see bench/lib.sh)
+#   ONLY='_4k_qd(1|32)$' bench/nbd.sh   # only the jobs whose name matches
+#   IOLIFT_ARGS="--poll-us 50" bench/nbd.sh  # extra flags for the iolift column
+#   IOLIFT=PATH bench/nbd.sh     # this iolift binary, no build step
 #
 # Per repeat and server: start a fresh server on a unix socket with a 1 GiB
 # export, fill it with fio (so reads return real data), then run
@@ -45,7 +48,11 @@ SIZE=${SIZE:-1G}
 THREADS=${THREADS:-2}
 TARGET=${CARGO_TARGET_DIR:-target}
 ALT_ARGS=${ALT_ARGS:---poll-us 0}
-IOLIFT=$TARGET/release/iolift
+IOLIFT_ARGS=${IOLIFT_ARGS:-}
+ONLY=${ONLY:-}
+# IOLIFT=PATH: run this iolift binary as is (no build step).
+BUILD=1; [[ -n ${IOLIFT:-} ]] && BUILD=0
+IOLIFT=${IOLIFT:-$TARGET/release/iolift}
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
 
 for t in fio nbdkit; do
@@ -53,8 +60,10 @@ for t in fio nbdkit; do
 done
 fio --enghelp=nbd >/dev/null 2>&1 || { echo "this fio has no nbd engine" >&2; exit 1; }
 
-echo "== building iolift (release)" >&2
-cargo build --release -p iolift >&2
+if (( BUILD )); then
+    echo "== building iolift (release)" >&2
+    cargo build --release -p iolift >&2
+fi
 
 WORK=$(mktemp -d /tmp/iolift-bench.XXXXXX)
 . bench/lib.sh
@@ -69,7 +78,7 @@ trap cleanup EXIT
 start_server() { # $1 = iolift|nbdkit, $2 = socket
     rm -f "$2"
     case $1 in
-        iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" & ;;
+        iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" $IOLIFT_ARGS "memory:$SIZE" 2>"$WORK/$1.log" & ;;
         alt) if [[ -n ${BASE:-} ]]; then
                  "$BASE" serve --socket "$2" --threads "$THREADS" "memory:$SIZE" 2>"$WORK/$1.log" &
              else
@@ -92,6 +101,12 @@ JOBS=(
     "seqread_128k_qd8 read 128k 8"
     "seqwrite_128k_qd8 write 128k 8"
 )
+if [[ -n $ONLY ]]; then
+    kept=()
+    for j in "${JOBS[@]}"; do [[ ${j%% *} =~ $ONLY ]] && kept+=("$j"); done
+    JOBS=("${kept[@]}")
+    (( ${#JOBS[@]} )) || { echo "ONLY=$ONLY matches no job" >&2; exit 1; }
+fi
 
 run_one() { # server rep
     local srv=$1 rep=$2 sock=$WORK/$1.sock
@@ -154,7 +169,7 @@ for job, key, want, ok in t:
     x, a = r(job, key), r(job, key, "alt_ratio")
     print("  %-22s %-14s ratio %-5s %-8s want %s  [alt %s]" % (
         job, key, "-" if x is None else "%.2f" % x,
-        "MET" if x is not None and ok(x) else "not met", want, "-" if a is None else "%.2f" % a))
+        "met" if x is not None and ok(x) else "NOT MET", want, "-" if a is None else "%.2f" % a))
 # The default (adaptive poll, judged by its own result) must not be worse
 # than alt (by default --poll-us 0): IOPS >= 0.95x alt's, QD1 p50 and p99
 # <= 1.05x (5% for the noise of alternating runs).
@@ -166,5 +181,5 @@ if any(r(j, "iops", "iolift_over_alt") for j in s):
             if v is None:
                 continue
             ok = v >= 0.95 if key == "iops" else v <= 1.05
-            print("  %-22s %-14s %.2f  %s" % (job, key, v, "MET" if ok else "not met"))
+            print("  %-22s %-14s %.2f  %s" % (job, key, v, "met" if ok else "NOT MET"))
 EOF
