@@ -67,6 +67,10 @@ fi
 #            per request while the kernel's polling thread is awake, at
 #            the price of that thread and the caller spinning (CPU time
 #            per request below counts both),
+#   dtask    the engine as `uring` on a ring set up with SINGLE_ISSUER and
+#            DEFER_TASKRUN (--defer-taskrun): the kernel posts the
+#            completion when the waiting caller runs, no task-work
+#            interrupt,
 #   accelfs  a file of SPAN bytes on AccelFS (an image file, O_DIRECT;
 #            write+sync = hard sync),
 #   ext4     a file of SPAN bytes on an ext4 made on a loop device
@@ -94,7 +98,7 @@ if [[ ${FIG:-} == 5 ]]; then
     LOOP=$(losetup -f --show --direct-io=on "$WORK/ext4.img")
     mkdir -p "$MNT"; mount "$LOOP" "$MNT"
     head -c "$span_bytes" /dev/zero >"$MNT/lat.dat"; sync
-    PATHS=(uring posix accelfs ext4 spin sqspin)
+    PATHS=(uring posix accelfs ext4 spin sqspin dtask)
     lat() { # path op bs out
         local p=$1; shift
         local a=(--op "$1" --bs "$2" --count "$COUNT" --span "$SPAN")
@@ -103,6 +107,7 @@ if [[ ${FIG:-} == 5 ]]; then
         posix) "$IOLIFT" accelfs lat --direct on --io posix "${a[@]}" "$WORK/raw.img" ;;
         spin) "$IOLIFT" accelfs lat --direct on --io uring --spin-us "$SPIN_US" "${a[@]}" "$WORK/raw.img" ;;
         sqspin) "$IOLIFT" accelfs lat --direct on --io uring --sqpoll --spin-us "$SPIN_US" "${a[@]}" "$WORK/raw.img" ;;
+        dtask) "$IOLIFT" accelfs lat --direct on --io uring --defer-taskrun "${a[@]}" "$WORK/raw.img" ;;
         accelfs) "$IOLIFT" accelfs lat --direct on --io accelfs "${a[@]}" "$WORK/accel.img" ;;
         ext4) "$IOLIFT" accelfs lat --direct off --io posix "${a[@]}" "$MNT/lat.dat" ;;
         esac
@@ -115,8 +120,8 @@ if [[ ${FIG:-} == 5 ]]; then
     for rep in $(seq 1 "$R"); do
         for bs in $SIZES; do
             for op in read write write-sync; do
-                for i in 0 1 2 3 4 5; do
-                    p=${PATHS[$(((i + rep) % 6))]}
+                for i in 0 1 2 3 4 5 6; do
+                    p=${PATHS[$(((i + rep) % 7))]}
                     echo "$p $op $bs $(lat "$p" "$op" "$bs")" >>"$WORK/lat.txt"
                 done
             done
@@ -152,17 +157,18 @@ for op, bs in seen:
     print(f"{op:<11} {bs:>5} {c['uring']:>9.2f} {c['posix']:>9.2f} {c['uring'] / c['posix']:>11.2f}x"
           f" {c['accelfs']:>9.2f} {c['ext4']:>9.2f} {c['spin']:>9.2f} {c['sqspin']:>9.2f}")
 print()
-print("spinning reaper (spin) and SQPOLL + spinning reaper (sqspin) against pread/pwrite: p50 / mean in us, ratios of p50 and of CPU per request")
-print(f"{'op':<11} {'size':>5} {'spin':>15} {'spin/posix':>11} {'cpu':>7} {'sqspin':>15} {'sqspin/posix':>13} {'cpu':>7}")
+print("spinning reaper (spin), SQPOLL + spinning reaper (sqspin) and DEFER_TASKRUN (dtask) against pread/pwrite: p50 / mean in us, ratios of p50 and of CPU per request")
+print(f"{'op':<11} {'size':>5} {'spin':>15} {'spin/posix':>11} {'cpu':>7} {'sqspin':>15} {'sqspin/posix':>13} {'cpu':>7} {'dtask':>15} {'dtask/posix':>13} {'cpu':>7}")
 for op, bs in seen:
     row = f"{op:<11} {bs:>5}"
-    for p in ["spin", "sqspin"]:
+    for p in ["spin", "sqspin", "dtask"]:
         row += (f" {med(p, op, bs, 0):>7.1f}/{med(p, op, bs, 1):<7.1f}"
                 f" {med(p, op, bs, 0) / med('posix', op, bs, 0):>{10 if p == 'spin' else 12}.2f}x"
                 f" {med(p, op, bs, 2) / med('posix', op, bs, 2):>6.2f}x")
     print(row)
 print()
-for p, what in [("uring", "engine"), ("spin", "engine with a spinning reaper"),
+for p, what in [("uring", "engine"), ("dtask", "engine with DEFER_TASKRUN"),
+               ("spin", "engine with a spinning reaper"),
                 ("sqspin", "engine with SQPOLL + spinning reaper")]:
     for op in ["read", "write"]:
         if (op, "4K") not in seen:
