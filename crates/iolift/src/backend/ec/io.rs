@@ -32,6 +32,7 @@ impl Inner {
         let Some(dev) = &self.children[c].dev else {
             return Err(Errno::EIO);
         };
+        self.metrics.child_writes.fetch_add(1, Ordering::Relaxed);
         match dev.write(off, data, Flags::NONE).await {
             Ok(_) => Ok(()),
             Err(e) => {

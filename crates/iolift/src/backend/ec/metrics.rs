@@ -22,6 +22,9 @@ pub struct EcMetrics {
     /// Children marked failed.
     pub failures: AtomicU64,
     pub stripe_writes: AtomicU64,
+    /// Write requests sent to children (any: chunks, journal, bitmap,
+    /// crc table, superblock).
+    pub child_writes: AtomicU64,
     /// Journal updates written again at open.
     pub replayed: AtomicU64,
     /// Stripes of dirty bitmap regions whose parity or crcs were rewritten.
@@ -73,6 +76,11 @@ const HEADERS: &[(&str, &str, &str)] = &[
     ),
     ("iolift_ec_stripe_writes_total", "counter", "stripe updates"),
     (
+        "iolift_ec_child_writes_total",
+        "counter",
+        "write requests sent to the children",
+    ),
+    (
         "iolift_ec_journal_replayed_total",
         "counter",
         "updates written again after a crash",
@@ -97,6 +105,7 @@ impl EcMetrics {
             decodes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             stripe_writes: AtomicU64::new(0),
+            child_writes: AtomicU64::new(0),
             replayed: AtomicU64::new(0),
             resynced: AtomicU64::new(0),
             offloaded: AtomicU64::new(0),
@@ -144,6 +153,7 @@ impl MetricSource for EcMetrics {
             ("iolift_ec_decoded_reads_total", &self.decodes),
             ("iolift_ec_child_failures_total", &self.failures),
             ("iolift_ec_stripe_writes_total", &self.stripe_writes),
+            ("iolift_ec_child_writes_total", &self.child_writes),
             ("iolift_ec_journal_replayed_total", &self.replayed),
             ("iolift_ec_resynced_stripes_total", &self.resynced),
             ("iolift_ec_offloaded_stripes_total", &self.offloaded),

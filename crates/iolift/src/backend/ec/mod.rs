@@ -11,7 +11,9 @@
 //! `wb.rs` (the write-back stripe buffer), `bitmap.rs` (the write-intent
 //! bitmap and resync), `journal.rs` (replay after a crash), `rebuild.rs`
 //! (rebuild and check), `gpu.rs` (encoding on the offload engine),
-//! `meta.rs` (crc-table pages written at a flush), `metrics.rs`.
+//! `meta.rs` (crc-table pages written at a flush), `encode.rs` (parity
+//! and crcs in one pass), `run.rs` (runs of whole stripes as one update),
+//! `metrics.rs`.
 //! See docs/ec-device.md for the layout, the crash rule and the budgets.
 
 use super::{BackendSpec, Kind, OptHelp};
@@ -23,6 +25,7 @@ use std::sync::Arc;
 
 mod bitmap;
 pub mod children;
+mod encode;
 mod gpu;
 mod io;
 mod join;
@@ -33,6 +36,7 @@ mod metrics;
 mod open;
 mod read;
 pub mod rebuild;
+mod run;
 mod wb;
 mod write;
 
@@ -119,6 +123,12 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "stripes completed in the write-back buffer written at once on other threads (0: by the request that completes them)",
     },
     OptHelp {
+        name: "run",
+        kind: Kind::Count,
+        default: "16",
+        help: "most consecutive whole stripes written as one update, one write per child (memory: 2 x (k+m) x chunk per stripe; 1: stripe by stripe)",
+    },
+    OptHelp {
         name: "barrier",
         kind: Kind::Flag,
         default: "off",
@@ -166,6 +176,8 @@ pub struct Config {
     pub region: u64,
     pub wb: u64,
     pub wb_bg: usize,
+    /// Most stripes per run of whole stripes (run.rs).
+    pub run: usize,
     pub auto_rebuild: bool,
     pub crc_mem: u64,
     pub crc_dirty: u64,
@@ -265,6 +277,10 @@ pub fn parse(s: &BackendSpec) -> Result<Config> {
             n @ 0..=64 => n as usize,
             n => return Err(o.err("wb_bg", format_args!("{n}: 0 to 64"))),
         },
+        run: match o.u64("run", 16)? {
+            n @ 1..=64 => n as usize,
+            n => return Err(o.err("run", format_args!("{n}: 1 to 64"))),
+        },
         auto_rebuild: o.choice("rebuild", &["auto", "off"], "auto")? == "auto",
         crc_mem: o.size("crc_mem", 256 << 20)?,
         crc_dirty: o.size("crc_dirty", 1 << 20)?,
@@ -309,6 +325,10 @@ pub struct Child {
     pub state: AtomicU8,
     /// The spec, for messages.
     pub label: String,
+    /// Takes a run of whole stripes as one gathered write (false for
+    /// `memory:` children, whose requests cost little: one write per
+    /// chunk from the requests' own buffers, no copy).
+    pub gather: bool,
 }
 
 /// The shared state of one `ec` device.
@@ -339,6 +359,8 @@ pub struct Inner {
     pub wb: wb::Wb,
     /// crc-table pages set in memory, not yet on the children (bitmap mode).
     pub meta_dirty: meta::Dirty,
+    /// Most stripes per run of whole stripes (`run`).
+    pub run_max: usize,
 }
 
 impl Inner {
@@ -496,3 +518,5 @@ impl BlockDev for EcDev {
 mod tests;
 #[cfg(test)]
 mod tests_bitmap;
+#[cfg(test)]
+mod tests_run;

@@ -54,6 +54,7 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
             dev,
             state: AtomicU8::new(state),
             label: c.show(),
+            gather: !(c.stages.is_empty() && c.backend.starts_with("memory:")),
         });
     }
     let codec = Arc::new(
@@ -97,6 +98,7 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
         bitmap_ok: AtomicBool::new(false),
         intent: bitmap::Intent::new(1, 1, 1),
         wb: Wb::new(cfg.wb, cfg.wb_bg),
+        run_max: cfg.run,
         meta_dirty: meta::Dirty::new(0, 0, cfg.crc_dirty),
     };
     let mut found = Vec::with_capacity(n);

@@ -303,6 +303,10 @@ fn bad_specs_name_the_part() {
             "ec:memory:1M;memory:1M;memory:1M,k=2,m=1,wb_bg=65",
             "option wb_bg",
         ),
+        (
+            "ec:memory:1M;memory:1M;memory:1M,k=2,m=1,run=0",
+            "option run",
+        ),
     ] {
         let e = match crate::backend::check_spec(s) {
             Ok(()) => panic!("{s} accepted"),

@@ -14,7 +14,7 @@
 //! stripes.
 
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -37,6 +37,8 @@ struct Entry {
     nfilled: u64,
     bytes: u64,
     touched: Instant,
+    /// Every block of the stripe is covered.
+    whole: bool,
 }
 
 #[derive(Default)]
@@ -46,6 +48,11 @@ struct State {
     /// Stripe-lock slots whose holder took buffered pieces out and has not
     /// written them yet (a flush waits for them), with how many.
     busy: HashMap<u64, u32>,
+    /// Stripes ready to be written (whole, or too many pieces) that no
+    /// writer has claimed yet.
+    ready: BTreeSet<u64>,
+    /// Background writers running (at most `background_max`).
+    background: usize,
 }
 
 /// What [`Wb::put`] did.
@@ -62,11 +69,11 @@ pub struct Wb {
     state: Mutex<State>,
     /// Stripes held (read without the lock, to skip it when empty).
     held: AtomicUsize,
-    /// Background writes of completed stripes running.
-    background: AtomicUsize,
-    /// The most of them (`wb_bg`): each holds its pieces and parity, at
-    /// most (k+m) x chunk; beyond this (or with 0) the request that
-    /// completes a stripe writes it itself.
+    /// The most background writers (`wb_bg`). Each writes a run of at most
+    /// `run` ready stripes at a time (holding their pieces, parity and
+    /// one gathered copy of the data, at most 2 x (k+m) x chunk per stripe);
+    /// while all run, completed stripes wait here for one of them (within
+    /// the budget); with 0 the request that completes a stripe writes it.
     background_max: usize,
 }
 
@@ -76,13 +83,17 @@ impl Wb {
             budget,
             state: Mutex::new(State::default()),
             held: AtomicUsize::new(0),
-            background: AtomicUsize::new(0),
             background_max,
         }
     }
 
     pub fn enabled(&self) -> bool {
         self.budget > 0
+    }
+
+    /// Whether completed stripes are written by background writers.
+    pub fn has_writers(&self) -> bool {
+        self.background_max > 0
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
@@ -112,6 +123,7 @@ impl Wb {
             nfilled: 0,
             bytes: 0,
             touched: Instant::now(),
+            whole: false,
         });
         for p in pieces {
             let first = (p.0 as u64 * chunk + p.1) / BLOCK;
@@ -126,8 +138,12 @@ impl Wb {
         }
         e.bytes += add;
         e.touched = Instant::now();
-        let ready = e.nfilled == blocks || e.pieces.len() >= MAX_PIECES;
+        e.whole = e.nfilled == blocks;
+        let ready = e.whole || e.pieces.len() >= MAX_PIECES;
         st.bytes += add;
+        if ready {
+            st.ready.insert(s);
+        }
         self.held.store(st.map.len(), Ordering::Release);
         Put::Held(ready.then_some(s))
     }
@@ -144,23 +160,50 @@ impl Wb {
             return Vec::new();
         };
         st.bytes -= e.bytes;
+        st.ready.remove(&s);
         *st.busy.entry(slot).or_insert(0) += 1;
         self.held.store(st.map.len(), Ordering::Release);
         e.pieces
     }
 
-    /// Counts one more background stripe write, if fewer than
-    /// `wb_bg` run; pair with [`Wb::background_end`].
-    pub fn background_start(&self) -> bool {
-        self.background
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.background_max).then_some(n + 1)
-            })
-            .is_ok()
+    /// A stripe is ready: true if the caller is to start a background
+    /// writer (fewer than `wb_bg` run), false if one that runs will
+    /// take it. Decided under the same lock as [`Wb::next_ready`]'s
+    /// exit, so a ready stripe is never left without a writer.
+    pub fn start_writer(&self) -> bool {
+        let mut st = self.st();
+        if st.background < self.background_max {
+            st.background += 1;
+            true
+        } else {
+            false
+        }
     }
 
-    pub fn background_end(&self) {
-        self.background.fetch_sub(1, Ordering::AcqRel);
+    /// For a background writer: claims the lowest ready stripe, with
+    /// whether it is whole; `None` (and the writer is counted out) when
+    /// none is ready.
+    pub fn next_ready(&self) -> Option<(u64, bool)> {
+        let mut st = self.st();
+        match st.ready.pop_first() {
+            Some(s) => {
+                let whole = st.map.get(&s).is_some_and(|e| e.whole);
+                Some((s, whole))
+            }
+            None => {
+                st.background -= 1;
+                None
+            }
+        }
+    }
+
+    /// Claims stripe `s` if it is ready and whole (to extend a run).
+    pub fn claim_whole(&self, s: u64) -> bool {
+        let mut st = self.st();
+        if st.map.get(&s).is_some_and(|e| e.whole) && st.ready.remove(&s) {
+            return true;
+        }
+        false
     }
 
     /// The pieces taken from `slot` are written (or given up).

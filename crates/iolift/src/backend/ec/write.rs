@@ -22,9 +22,11 @@
 //!    (with the bitmap, in memory; the table pages are written at the
 //!    next flush, meta.rs).
 //!
-//! A stripe the buffer completes is written on a thread of the blocking
-//! pool (at most `wb_bg` at once), so that the request's thread
-//! goes on receiving; a flush waits for those writes.
+//! A stripe the buffer completes is written by a background writer on a
+//! thread of the blocking pool (at most `wb_bg` of them), so that the
+//! request's thread goes on receiving; a flush waits for those writes.
+//! Consecutive whole stripes, from one request or ready in the buffer,
+//! are written as one update with one write per child (run.rs).
 //!
 //! After a crash an update whose journal entries are all there is
 //! written again (journal.rs); one whose entries are not all there never
@@ -32,7 +34,7 @@
 //! is resynced (bitmap.rs). See docs/ec-device.md.
 
 use super::join::{join_all, Fut};
-use super::layout::{block_crc, crcs, JHeader, BLOCK};
+use super::layout::{JHeader, BLOCK};
 use super::wb::{Piece, Put};
 use super::Inner;
 use crate::block::Errno;
@@ -42,9 +44,6 @@ use std::sync::Arc;
 
 /// Bytes zeroed per stripe-write round by write-zeroes.
 const ZERO_PIECE: u64 = 8 << 20;
-/// Columns encoded and checksummed per pass (then the next tile): the
-/// k + m column tiles stay in the first-level caches.
-const TILE: usize = 16 << 10;
 
 /// Whether `pieces` cover columns `[lo, hi)` of chunk `c` (together).
 fn covers(pieces: &[Piece], c: usize, lo: u64, hi: u64) -> bool {
@@ -78,20 +77,34 @@ impl Inner {
             }
         }
         let sb = self.geo.stripe_bytes();
-        let futs: Vec<Fut<'_, Result<(), Errno>>> = stripes
-            .into_iter()
-            .map(|(s, p)| {
-                let whole = p.iter().map(|x| x.2.len() as u64).sum::<u64>() == sb;
-                let aligned = p
-                    .iter()
-                    .all(|x| x.1.is_multiple_of(BLOCK) && (x.2.len() as u64).is_multiple_of(BLOCK));
-                if !fua && !whole && aligned && self.wb.enabled() {
-                    Box::pin(self.write_buffered(s, p)) as Fut<'_, Result<(), Errno>>
-                } else {
-                    Box::pin(self.write_stripe(s, p)) as Fut<'_, Result<(), Errno>>
+        let mut futs: Vec<Fut<'_, Result<(), Errno>>> = Vec::new();
+        // consecutive whole stripes: one run (one child write per child)
+        let mut run: Vec<Vec<Piece>> = Vec::new();
+        let mut run_at = 0;
+        for (s, p) in stripes {
+            let whole = p.iter().map(|x| x.2.len() as u64).sum::<u64>() == sb;
+            if whole {
+                if run.is_empty() {
+                    run_at = s;
                 }
-            })
-            .collect();
+                run.push(p);
+                continue;
+            }
+            if !run.is_empty() {
+                futs.push(Box::pin(self.write_run(run_at, std::mem::take(&mut run))));
+            }
+            let aligned = p
+                .iter()
+                .all(|x| x.1.is_multiple_of(BLOCK) && (x.2.len() as u64).is_multiple_of(BLOCK));
+            if !fua && aligned && self.wb.enabled() {
+                futs.push(Box::pin(self.write_buffered(s, p)));
+            } else {
+                futs.push(Box::pin(self.write_stripe(s, p)));
+            }
+        }
+        if !run.is_empty() {
+            futs.push(Box::pin(self.write_run(run_at, run)));
+        }
         for r in join_all(futs).await {
             r?;
         }
@@ -121,23 +134,22 @@ impl Inner {
         Ok(())
     }
 
-    /// Puts `pieces` of stripe `s` in the write-back buffer, writing the
-    /// stripe if that completes it (on a thread of the blocking pool while
-    /// fewer than `wb_bg` such writes run, so that the request
-    /// thread goes on receiving; else here), and first another one if the
-    /// budget needs room (or `pieces` now, if room cannot be made).
+    /// Puts `pieces` of stripe `s` in the write-back buffer. A stripe
+    /// that this completes goes to the buffer's ready set, for a
+    /// background writer (one is started if fewer than `wb_bg` run), or
+    /// with `wb_bg=0` is written here; if the budget needs room, another
+    /// stripe is written first (or `pieces` now, if room cannot be made).
     async fn write_buffered(self: &Arc<Self>, s: u64, pieces: Vec<Piece>) -> Result<(), Errno> {
         for _ in 0..3 {
             match self.wb.put(s, &pieces, self.geo.chunk, self.geo.k as u64) {
                 Put::Held(None) => return Ok(()),
-                Put::Held(Some(x)) if self.wb.background_start() => {
-                    let (me, rt) = (self.clone(), tokio::runtime::Handle::current());
-                    tokio::task::spawn_blocking(move || {
-                        if let Err(e) = rt.block_on(me.write_stripe(x, Vec::new())) {
-                            tracing::warn!("ec: writing buffered stripe {x}: {e:?}");
-                        }
-                        me.wb.background_end();
-                    });
+                Put::Held(Some(_)) if self.wb.has_writers() => {
+                    // the stripe is in the ready set: a background writer
+                    // takes it (with ready neighbours, as one run)
+                    if self.wb.start_writer() {
+                        let (me, rt) = (self.clone(), tokio::runtime::Handle::current());
+                        tokio::task::spawn_blocking(move || rt.block_on(me.background_writer()));
+                    }
                     return Ok(());
                 }
                 Put::Held(Some(x)) => return self.write_stripe(x, Vec::new()).await,
@@ -198,7 +210,7 @@ impl Inner {
     }
 
     /// Steps 2 to 4 of one stripe's update (the caller holds its lock).
-    async fn update(&self, s: u64, slot: u64, pieces: &[Piece]) -> Result<(), Errno> {
+    pub(super) async fn update(&self, s: u64, slot: u64, pieces: &[Piece]) -> Result<(), Errno> {
         let (k, m, unit) = (self.geo.k, self.geo.m, self.unit);
         let lo = pieces.iter().map(|p| p.1).min().expect("a piece") / unit * unit;
         let hi = pieces
@@ -353,59 +365,5 @@ impl Inner {
             })
             .collect();
         join_all(futs).await;
-    }
-
-    /// The m parity column ranges of the k data column ranges `data` (each
-    /// `len` bytes), and the block crcs of the chunks `parts`, in `parts`'
-    /// order. On the CPU both are done in one pass, a tile of columns at a
-    /// time while it is in cache; with `device=gpu`, whole chunks are
-    /// encoded on the offload engine.
-    async fn encode(
-        &self,
-        data: &[Bytes],
-        len: usize,
-        parts: &[usize],
-    ) -> Result<(Vec<Bytes>, Vec<Vec<u32>>), Errno> {
-        let (k, m) = (self.geo.k, self.geo.m);
-        if let Some(g) = &self.gpu {
-            if len as u64 == self.geo.chunk {
-                self.metrics.offloaded.fetch_add(1, Ordering::Relaxed);
-                let stripe: Vec<u8> = data.iter().flat_map(|d| d.iter().copied()).collect();
-                let p = Bytes::from(g.encode(&stripe).await?);
-                let parity: Vec<Bytes> = (0..m).map(|j| p.slice(j * len..(j + 1) * len)).collect();
-                let sums = parts
-                    .iter()
-                    .map(|&c| crcs(if c < k { &data[c] } else { &parity[c - k] }))
-                    .collect();
-                return Ok((parity, sums));
-            }
-        }
-        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; len]; m];
-        let mut sums: Vec<Vec<u32>> = parts
-            .iter()
-            .map(|_| Vec::with_capacity(len / BLOCK as usize))
-            .collect();
-        let unit = self.unit as usize;
-        let tile = (TILE / unit).max(1) * unit;
-        let mut x = 0;
-        while x < len {
-            let t = tile.min(len - x);
-            let srcs: Vec<&[u8]> = data.iter().map(|d| &d[x..x + t]).collect();
-            let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[x..x + t]).collect();
-            self.codec.encode(&srcs, &mut outs).map_err(|e| {
-                tracing::error!("ec: encode failed: {e}");
-                Errno::EIO
-            })?;
-            for (&c, sum) in parts.iter().zip(sums.iter_mut()) {
-                let b = if c < k {
-                    &data[c][x..x + t]
-                } else {
-                    &parity[c - k][x..x + t]
-                };
-                sum.extend(b.chunks(BLOCK as usize).map(block_crc));
-            }
-            x += t;
-        }
-        Ok((parity.into_iter().map(Bytes::from).collect(), sums))
     }
 }

@@ -1,0 +1,260 @@
+//! Runs of consecutive whole stripes, written as one update.
+//!
+//! Chunk i of stripe s lies at `data_base + s * chunk` on child i, so the
+//! chunks of consecutive stripes are consecutive on every child: a run of
+//! n whole stripes is one write of n chunks per child instead of n writes
+//! (one system call and one thread hand-off per child for file children,
+//! not n). The data chunks are gathered into one buffer per child in the
+//! encode pass (encode.rs), while each tile is in cache; the parity is
+//! encoded straight into one buffer per parity child. Children whose
+//! requests cost little (`memory:`) take one write per chunk instead, from
+//! the requests' own buffers, so nothing is copied for them.
+//!
+//! Runs come from a write covering whole stripes, and from the
+//! background writers of the write-back buffer (wb.rs), which take the
+//! lowest ready stripe and the ready whole stripes after it. A run holds
+//! the first stripe's lock (awaited) and the next stripes' locks taken
+//! only if free at once (`try_write`), so a run never waits for one lock
+//! while holding another. At most `run` stripes a run (option, default 16).
+//!
+//! Crash safety is that of the single-stripe update (write.rs): with the
+//! bitmap, every stripe's region bit is on disk before anything is
+//! written in place and stays set until the update ends; the crcs are set
+//! in memory and their table pages marked (meta.rs). With the journal (a
+//! child failed or being rebuilt, `consistency=journal`) or `device=gpu`
+//! the stripes of a run are updated one by one (concurrently), each
+//! through its journal slot.
+
+use super::encode::encode_tiles;
+use super::join::{join_all, Fut};
+use super::layout::BLOCK;
+use super::wb::Piece;
+use super::Inner;
+use crate::block::Errno;
+use bytes::{Bytes, BytesMut};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Whether `pieces` cover every column of every data chunk.
+fn whole(pieces: &[Piece], k: usize, chunk: u64) -> bool {
+    (0..k).all(|c| {
+        let mut iv: Vec<(u64, u64)> = pieces
+            .iter()
+            .filter(|p| p.0 == c)
+            .map(|p| (p.1, p.1 + p.2.len() as u64))
+            .collect();
+        iv.sort_unstable();
+        let mut at = 0;
+        for (a, b) in iv {
+            if a > at {
+                return false;
+            }
+            at = at.max(b);
+        }
+        at >= chunk
+    })
+}
+
+/// Data chunk `c` of a whole stripe: a piece's own bytes when one covers
+/// it exactly, else the pieces laid over each other in order.
+fn chunk_of(pieces: &[Piece], c: usize, chunk: u64) -> Bytes {
+    let mine: Vec<&Piece> = pieces.iter().filter(|p| p.0 == c).collect();
+    if let [p] = mine.as_slice() {
+        if p.1 == 0 && p.2.len() as u64 == chunk {
+            return p.2.clone();
+        }
+    }
+    let mut b = BytesMut::zeroed(chunk as usize);
+    for p in mine {
+        b[p.1 as usize..p.1 as usize + p.2.len()].copy_from_slice(&p.2);
+    }
+    b.freeze()
+}
+
+impl Inner {
+    /// A background writer of the write-back buffer: writes ready stripes
+    /// (the lowest first, with the ready whole stripes after it as one
+    /// run) until none is ready.
+    pub async fn background_writer(self: Arc<Self>) {
+        while let Some((s, whole)) = self.wb.next_ready() {
+            let r = if whole {
+                self.write_run(s, Vec::new()).await
+            } else {
+                self.write_stripe(s, Vec::new()).await
+            };
+            if let Err(e) = r {
+                tracing::warn!("ec: writing buffered stripe {s}: {e:?}");
+            }
+        }
+    }
+
+    /// Writes whole stripes from `first`: `news[i]` are the new pieces of
+    /// stripe `first + i` (each a whole stripe). With `news` empty, the
+    /// stripes are the write-back buffer's: `first` (claimed by a
+    /// background writer) and the ready whole stripes after it.
+    pub async fn write_run(&self, first: u64, news: Vec<Vec<Piece>>) -> Result<(), Errno> {
+        let from_wb = news.is_empty();
+        let total = news.len().max(1);
+        let mut news = news.into_iter();
+        let slots = self.geo.slots;
+        let mut s = first;
+        let mut done = 0;
+        let mut res = Ok(());
+        while done < total {
+            let mut guards = vec![self.locks[(s % slots) as usize].write().await];
+            let mut got: Vec<(Vec<Piece>, bool)> = Vec::new();
+            loop {
+                let t = s + got.len() as u64;
+                if !got.is_empty() {
+                    let more = if from_wb {
+                        got.len() < self.run_max
+                    } else {
+                        done + got.len() < total && got.len() < self.run_max
+                    };
+                    if !more {
+                        break;
+                    }
+                    let Ok(g) = self.locks[(t % slots) as usize].try_write() else {
+                        break;
+                    };
+                    if from_wb && !self.wb.claim_whole(t) {
+                        break;
+                    }
+                    guards.push(g);
+                }
+                let mut p = self.wb.take(t, t % slots);
+                let buffered = !p.is_empty();
+                p.extend(news.next().unwrap_or_default());
+                got.push((p, buffered));
+            }
+            let pieces: Vec<Vec<Piece>> = got.iter().map(|g| g.0.clone()).collect();
+            let r = self.update_run(s, &pieces).await;
+            for (i, (_, buffered)) in got.iter().enumerate() {
+                if *buffered {
+                    self.wb.written((s + i as u64) % slots);
+                }
+            }
+            drop(guards);
+            if res.is_ok() {
+                res = r;
+            }
+            let n = got.len() as u64;
+            s += n;
+            done += n as usize;
+            if from_wb {
+                break;
+            }
+        }
+        res
+    }
+
+    /// Updates stripes `first..` (their locks held): runs of whole ones
+    /// at once, the others (a stripe another writer emptied, or not
+    /// whole) one by one.
+    async fn update_run(&self, first: u64, stripes: &[Vec<Piece>]) -> Result<(), Errno> {
+        let (k, chunk, slots) = (self.geo.k, self.geo.chunk, self.geo.slots);
+        let batch = self.gpu.is_none() && !self.use_journal();
+        let mut futs: Vec<Fut<'_, Result<(), Errno>>> = Vec::new();
+        let mut i = 0;
+        while i < stripes.len() {
+            let mut j = i;
+            while batch && j < stripes.len() && whole(&stripes[j], k, chunk) {
+                j += 1;
+            }
+            if j - i >= 2 {
+                futs.push(Box::pin(
+                    self.update_whole(first + i as u64, &stripes[i..j]),
+                ));
+                i = j;
+                continue;
+            }
+            let s = first + i as u64;
+            if !stripes[i].is_empty() {
+                futs.push(Box::pin(self.update(s, s % slots, &stripes[i])));
+            }
+            i += 1;
+        }
+        join_all(futs).await.into_iter().collect()
+    }
+
+    /// One update of consecutive whole stripes from `first`, with the
+    /// bitmap (the caller checked): encode, bits on disk, one write per
+    /// child (or one per chunk for children that take no gathered
+    /// buffer), crcs in memory.
+    async fn update_whole(&self, first: u64, stripes: &[Vec<Piece>]) -> Result<(), Errno> {
+        let (k, m, chunk) = (self.geo.k, self.geo.m, self.geo.chunk as usize);
+        let n = stripes.len();
+        let data: Vec<Vec<Bytes>> = stripes
+            .iter()
+            .map(|p| (0..k).map(|c| chunk_of(p, c, chunk as u64)).collect())
+            .collect();
+        let parts: Vec<usize> = (0..k + m).filter(|&c| self.writable(c)).collect();
+        let bpc = chunk / BLOCK as usize;
+        let mut sums: Vec<Vec<u32>> = parts.iter().map(|_| Vec::with_capacity(n * bpc)).collect();
+        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; n * chunk]; m];
+        let mut copy: Vec<Option<BytesMut>> = (0..k)
+            .map(|c| {
+                (self.children[c].gather && self.writable(c))
+                    .then(|| BytesMut::with_capacity(n * chunk))
+            })
+            .collect();
+        for (i, d) in data.iter().enumerate() {
+            let srcs: Vec<&[u8]> = d.iter().map(|b| &b[..]).collect();
+            let mut outs: Vec<&mut [u8]> = parity
+                .iter_mut()
+                .map(|p| &mut p[i * chunk..(i + 1) * chunk])
+                .collect();
+            encode_tiles(self, &srcs, &mut outs, &parts, &mut sums, &mut copy)?;
+        }
+        let parity: Vec<Bytes> = parity.into_iter().map(Bytes::from).collect();
+        let mut copy: Vec<Option<Bytes>> =
+            copy.into_iter().map(|b| b.map(BytesMut::freeze)).collect();
+        for i in 0..n as u64 {
+            self.intent_begin(first + i).await;
+        }
+        let futs: Vec<Fut<'_, ()>> = parts
+            .iter()
+            .zip(&sums)
+            .map(|(&c, sum)| {
+                let writes: Vec<Bytes> = if c >= k {
+                    let p = &parity[c - k];
+                    if self.children[c].gather {
+                        vec![p.clone()]
+                    } else {
+                        (0..n)
+                            .map(|i| p.slice(i * chunk..(i + 1) * chunk))
+                            .collect()
+                    }
+                } else {
+                    match copy[c].take() {
+                        Some(b) => vec![b],
+                        None => data.iter().map(|d| d[c].clone()).collect(),
+                    }
+                };
+                Box::pin(async move {
+                    let off = self.geo.chunk_off(first);
+                    let mut at = 0;
+                    let futs: Vec<Fut<'_, Result<(), Errno>>> = writes
+                        .into_iter()
+                        .map(|b| {
+                            let o = off + at;
+                            at += b.len() as u64;
+                            Box::pin(self.child_write(c, o, b)) as Fut<'_, _>
+                        })
+                        .collect();
+                    if join_all(futs).await.iter().all(|r| r.is_ok()) {
+                        self.defer_meta(c, first, 0, sum).await;
+                    }
+                }) as Fut<'_, ()>
+            })
+            .collect();
+        join_all(futs).await;
+        for i in 0..n as u64 {
+            self.intent_end(first + i);
+        }
+        self.metrics
+            .stripe_writes
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.check_alive()
+    }
+}
