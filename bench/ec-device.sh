@@ -8,6 +8,7 @@
 #   EC_OPTS=k=4,m=2,chunk=64K,wb=0 bench/ec-device.sh   # the ec options
 #   MEDIA=mem bench/ec-device.sh        # only memory-backed (or MEDIA=file)
 #   KEEP=1 bench/ec-device.sh           # keep the fio JSON files
+#   JOBS=write:128k QDS=32 SERVERS="plain ec" MEDIA=file bench/ec-device.sh   # a subset
 #   BUILD=0 bench/ec-device.sh          # use $CARGO_TARGET_DIR/release/iolift as it is
 #   BUILD=0 IOLIFT=path/to/iolift bench/ec-device.sh   # another binary
 #
@@ -90,7 +91,9 @@ fill() {
         --size="$SIZE" >/dev/null
 }
 
-JOBS="read:4k write:4k randread:4k randwrite:4k read:128k write:128k randread:128k randwrite:128k"
+JOBS=${JOBS:-"read:4k write:4k randread:4k randwrite:4k read:128k write:128k randread:128k randwrite:128k"}
+QDS=${QDS:-"1 32"}
+SERVERS=${SERVERS:-"plain ec ec-deg"}
 
 run_server() { # $1 medium, $2 server, $3 repeat
     local med=$1 srv=$2 rep=$3 spec name=$1-$2
@@ -108,7 +111,7 @@ run_server() { # $1 medium, $2 server, $3 repeat
     local j rw bs qd
     for j in $JOBS; do
         rw=${j%%:*}; bs=${j##*:}
-        for qd in 1 32; do
+        for qd in $QDS; do
             job "$WORK/$name.$rw.$bs.qd$qd.r$rep.json" "$rw" "$bs" "$qd"
         done
     done
@@ -127,7 +130,7 @@ echo "== ec export $SIZE bytes over 6 x $CHILD children; RUNTIME=$RUNTIME R=$R; 
 
 for rep in $(seq "$R"); do
     for med in $MEDIA; do
-        order="plain ec ec-deg"; (( rep % 2 == 0 )) && order="ec ec-deg plain"
+        order=$SERVERS; (( rep % 2 == 0 )) && order=$(echo "$SERVERS" | awk '{ for (i = NF; i > 0; i--) printf "%s ", $i }')
         for srv in $order; do
             echo "-- repeat $rep $med $srv" >&2
             run_server "$med" "$srv" "$rep"
@@ -154,6 +157,8 @@ for m in media:
     print(f"\n{m}-backed: median MB/s; server CPU seconds per GB moved")
     print(f"{'job':20} {'plain':>8} {'ec':>8} {'ec-deg':>8} {'ec/plain':>8} {'deg/ec':>7}   {'cpu plain':>9} {'ec':>6} {'ec-deg':>6}")
     for j in jobs:
+        if not glob.glob(f"{work}/{m}-*.{j}.r*.json"):
+            continue
         p, e, d = (med(f"{m}-{s}", j, 0) for s in ("plain", "ec", "ec-deg"))
         cp, ce, cd = (med(f"{m}-{s}", j, 1) for s in ("plain", "ec", "ec-deg"))
         print(f"{j:20} {p:8.1f} {e:8.1f} {d:8.1f} {e/p:8.2f} {d/e:7.2f}   {cp:9.2f} {ce:6.2f} {cd:6.2f}")
