@@ -76,7 +76,7 @@ impl MemoryDev {
             let p = s
                 .entry(page)
                 .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
-            p[at..at + r.len()].copy_from_slice(&data[r]);
+            copy_to_page(&mut p[at..at + r.len()], &data[r]);
         });
     }
 
@@ -146,10 +146,85 @@ impl BlockDev for MemoryDev {
     }
 }
 
+/// Pieces at least this long are copied into a page with streaming
+/// stores (see [`copy_to_page`]).
+#[cfg(target_arch = "x86_64")]
+const STREAM_MIN: usize = 256;
+
+/// Copies a write's payload into its page. The page is cold (a random
+/// offset in a large export), and a plain copy first reads every cache
+/// line it is about to overwrite; on x86_64 pieces of [`STREAM_MIN`]
+/// bytes or more are written with non-temporal 16-byte stores instead,
+/// which skip that read (perf, 4k randwrite QD32: the copy was the
+/// largest item of the server's profile, 20% of its samples; a 4 KiB copy
+/// into random places of 256 MiB took about 1.45x less time this way on
+/// the development VM). The fence at the end orders those stores before
+/// the shard lock is released, so that any later reader sees them.
+fn copy_to_page(dst: &mut [u8], src: &[u8]) {
+    debug_assert_eq!(dst.len(), src.len());
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= STREAM_MIN {
+        // SAFETY: both slices are valid for `len` bytes and do not overlap
+        // (a page is never the payload's own buffer); SSE2 is part of
+        // x86_64's baseline.
+        unsafe { stream_copy(dst.as_mut_ptr(), src.as_ptr(), dst.len()) };
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+/// `len` bytes from `s` to `d`: plain copies up to `d`'s first 16-byte
+/// boundary and after its last, non-temporal stores between, then a
+/// store fence.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_copy(d: *mut u8, s: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    let head = ((d as usize).wrapping_neg() & 15).min(len);
+    // SAFETY (whole body): every offset stays below `len`, and the
+    // streamed stores' addresses are 16-byte aligned (after `head`).
+    unsafe {
+        std::ptr::copy_nonoverlapping(s, d, head);
+        let mut i = head;
+        while i + 16 <= len {
+            let v = _mm_loadu_si128(s.add(i) as *const __m128i);
+            _mm_stream_si128(d.add(i) as *mut __m128i, v);
+            i += 16;
+        }
+        std::ptr::copy_nonoverlapping(s.add(i), d.add(i), len - i);
+        _mm_sfence();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::block::{BlockDevExt, Errno, Flags};
+
+    #[test]
+    fn copy_to_page_matches_a_plain_copy_at_every_alignment() {
+        let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 253) as u8 + 1).collect();
+        for len in [0, 1, 15, 16, 17, 255, 256, 257, 300, 4096, 4099] {
+            for off in 0..17 {
+                for soff in [0, 1, 5] {
+                    let mut page = vec![0u8; 5200];
+                    copy_to_page(&mut page[off..off + len], &src[soff..soff + len]);
+                    assert_eq!(
+                        &page[off..off + len],
+                        &src[soff..soff + len],
+                        "len {len} off {off}"
+                    );
+                    assert!(
+                        page[..off].iter().all(|&b| b == 0),
+                        "before, len {len} off {off}"
+                    );
+                    assert!(
+                        page[off + len..].iter().all(|&b| b == 0),
+                        "after, len {len} off {off}"
+                    );
+                }
+            }
+        }
+    }
 
     #[tokio::test]
     async fn write_read_trim_across_pages() {
