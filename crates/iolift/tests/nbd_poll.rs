@@ -156,6 +156,25 @@ fn metrics_report_each_poll_mode_per_connection() {
         for (l, v) in &cycles {
             assert!((1_000.0..=10_000_000.0).contains(v), "{l} = {v}:\n{during}");
         }
+        // After exactly one probe its verdict follows its figures: polling
+        // wins only with cycles shorter by more than a fifth (a clear win;
+        // nbd/judge.rs, MARGIN).
+        if verdicts == 1.0 {
+            let ns = |mode: &str| {
+                cycles
+                    .iter()
+                    .find(|(l, _)| l.contains(&format!("mode=\"{mode}\"")))
+                    .map(|(_, v)| *v)
+                    .unwrap_or_else(|| panic!("no {mode} cycle:\n{during}"))
+            };
+            let wins = ns("polled") * 5.0 < ns("unpolled") * 4.0;
+            let polled = sum(
+                &during,
+                "iolift_nbd_poll_verdicts_total",
+                "verdict=\"poll\"",
+            );
+            assert_eq!(polled == 1.0, wins, "verdict against figures:\n{during}");
+        }
     } else {
         let stall = sum(&during, "iolift_nbd_poll_cpu_stall_permille", "export");
         let busy = sum(&during, "iolift_nbd_poll_backoffs_total", "reason=\"load\"")

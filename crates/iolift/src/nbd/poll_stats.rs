@@ -222,7 +222,7 @@ impl MetricSource for ConnPollMetrics {
             (
                 "iolift_nbd_poll_cycle_ns",
                 "gauge",
-                "typical request cycle (one wait for a request to the next; mean of the shortest 7/8 of each window) the connection's last probe measured, by mode, nanoseconds",
+                "typical request cycle (one wait for a request to the next; mean of each window's cycles up to 8x its median) the connection's last probe measured, by mode, nanoseconds",
             ),
             (
                 "iolift_nbd_poll_budget_us",
