@@ -82,8 +82,8 @@ struct StoreArgs {
     /// sleeping in the kernel (0: sleep at once; a busy CPU meanwhile).
     #[arg(long = "spin_us", default_value_t = 0)]
     spin_us: u32,
-    /// AccelFS cache blocks per open file (2 MiB at 8 KiB blocks: one
-    /// table file).
+    /// AccelFS cache blocks per open file (4 MiB at 8 KiB blocks: a
+    /// level-0 table of the default 4 MiB memtable).
     #[arg(long = "cache_blocks", default_value_t = iolift_kv::KV_CACHE_BLOCKS)]
     cache_blocks: usize,
     /// AccelFS cache of all open files together, in MiB (256: what the
