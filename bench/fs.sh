@@ -53,7 +53,8 @@ NFILES=${NFILES:-10000}
 CELLS=${CELLS:-.}   # regex: run only the cells whose name matches
 VPOOL=${VPOOL:-0}   # serve-virtiofs --thread-pool-size (0: both daemons' default)
 # virtio setups; vfs-iolift-sync is the mirror with --uring-depth 0 (reads
-# and writes on the queue thread), to compare with its io_uring data path.
+# and writes on the queue thread), vfs-iolift-uw with --uring-writes (writes
+# on the ring too), to compare with its default (reads on io_uring).
 VSETUPS=${VSETUPS:-vfs-null vfs-iolift vfs-virtiofsd}
 VIRTIOFSD=${VIRTIOFSD:-/usr/lib/qemu/virtiofsd}
 # Q2 setups (the fuser front-end is "iolift"); TRANSPORTS adds the devfuse
@@ -253,6 +254,7 @@ vrun() { # vrun SETUP CELL REPEAT RW QD
         vfs-null) "$BIN" fs serve-virtiofs null:1G --socket-path "$VSOCK" --thread-pool-size "$VPOOL" >"$RES/vd.out" 2>"$RES/vd.log" & ;;
         vfs-iolift) "$BIN" fs serve-virtiofs --shared-dir "$SRC" --socket-path "$VSOCK" --thread-pool-size "$VPOOL" >"$RES/vd.out" 2>"$RES/vd.log" & ;;
         vfs-iolift-sync) "$BIN" fs serve-virtiofs --shared-dir "$SRC" --socket-path "$VSOCK" --thread-pool-size "$VPOOL" --uring-depth 0 >"$RES/vd.out" 2>"$RES/vd.log" & ;;
+        vfs-iolift-uw) "$BIN" fs serve-virtiofs --shared-dir "$SRC" --socket-path "$VSOCK" --thread-pool-size "$VPOOL" --uring-writes >"$RES/vd.out" 2>"$RES/vd.log" & ;;
         vfs-virtiofsd) "$VIRTIOFSD" --socket-path="$VSOCK" -o source="$SRC" -o sandbox=chroot -o cache=auto >"$RES/vd.out" 2>"$RES/vd.log" & ;;
     esac
     pid=$!

@@ -128,8 +128,9 @@ impl MirrorFs {
         done.send(self.read_now(fh, offset, size))
     }
 
-    /// A write on the ring when there is one and it has a free slot (and
-    /// no set-user-ID bit may need clearing after it), else on this thread.
+    /// A write on the ring when writes go there (`uring_writes`) and it
+    /// has a free slot (and no set-user-ID bit may need clearing after
+    /// it), else on this thread.
     pub(super) fn write_on_ring(
         &self,
         fh: u64,
@@ -140,10 +141,12 @@ impl MirrorFs {
     ) {
         let done = match (&self.uring, self.handles.get(fh)) {
             (_, Err(e)) => return done.err(e),
-            (Some(u), Ok(h)) if !kill => match u.write(h.fd.clone(), off, data, done) {
-                None => return,
-                Some(d) => d,
-            },
+            (Some(u), Ok(h)) if !kill && self.opts.uring_writes => {
+                match u.write(h.fd.clone(), off, data, done) {
+                    None => return,
+                    Some(d) => d,
+                }
+            }
             _ => done,
         };
         done.send(self.write_now(fh, off, data, kill))

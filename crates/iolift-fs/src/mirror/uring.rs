@@ -1,5 +1,6 @@
-//! The mirror's data path on io_uring: reads and writes of open files are
-//! queued on one ring shared by every front-end thread and complete later
+//! The mirror's data path on io_uring: reads (and, when asked, writes) of
+//! open files are queued on one ring shared by every front-end thread and
+//! complete later
 //! through their `Done`, so the thread that received a request goes back
 //! for the next one instead of waiting in pread/pwrite.
 //!

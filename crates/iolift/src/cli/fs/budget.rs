@@ -24,11 +24,17 @@ pub(super) struct BudgetArgs {
     /// mirror: open files and directories at most; each holds an fd.
     #[arg(long, default_value_t = 4096)]
     pub max_handles: usize,
-    /// mirror: reads and writes in flight on the io_uring data path at most
+    /// mirror: reads (with --uring-writes also writes) in flight on the
+    /// io_uring data path at most
     /// (each holds its buffer, at most 1 MiB); 0 serves every read and write
     /// on the thread that received it (pread/pwrite).
     #[arg(long, default_value_t = 64)]
     pub uring_depth: usize,
+    /// mirror: writes go to the io_uring too (off: buffered host writes
+    /// run on io_uring's kernel worker threads, several times the CPU of a
+    /// pwrite on the thread that received them).
+    #[arg(long)]
+    pub uring_writes: bool,
     /// Serve Prometheus metrics (per-operation counts and latency) on ADDR.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
@@ -55,6 +61,7 @@ impl BudgetArgs {
             passthrough,
             writeback,
             uring_depth: self.uring_depth,
+            uring_writes: self.uring_writes,
         })
     }
 }
