@@ -24,10 +24,10 @@
 # servers flips every repeat (A B, B A, ...) so drift on a shared machine
 # hits both. Summary: bench/fio_summary.py.
 #
-# iolift runs with its defaults, poll mode included (--poll-us auto, see
+# iolift runs with its defaults (poll mode off since 2026-11-25, see
 # docs/nbd.md). A third server, `alt`, runs every job after each pair:
-# `iolift serve --poll-us 0` (no poll mode; its column shows what poll mode
-# buys and costs; ALT_ARGS="..." gives it other flags, e.g.
+# `iolift serve --poll-us auto` (adaptive poll mode; its column shows what
+# polling buys and costs; ALT_ARGS="..." gives it other flags, e.g.
 # ALT_ARGS="--poll-us 100" for a fixed budget), or, with BASE=PATH, another iolift binary (e.g. a build
 # of an earlier commit) with its defaults, so a change is compared with the
 # code before it in the same run (column iolift/alt). ALT=0 skips it. The summary also prints fio's own CPU use at
@@ -37,8 +37,9 @@
 # p50 <= 0.5x nbdkit's, QD32 IOPS from two fio processes >= 2x, server CPU
 # per I/O at QD32 <= 0.5x; with BUSY=1 every QD1/QD32 IOPS ratio >= 1.0x
 # and QD1 p99 <= 1.0x. Last, with alt, the default against alt (the
-# adaptive default must not be worse than --poll-us 0): IOPS >= 0.95x
-# alt's, QD1 p50/p99 <= 1.05x.
+# default must not be worse than polling; a NOT MET line there says
+# polling would have paid in that run): IOPS >= 0.95x alt's, QD1 p50/p99
+# <= 1.05x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +48,7 @@ RUNTIME=${RUNTIME:-4}
 SIZE=${SIZE:-1G}
 THREADS=${THREADS:-2}
 TARGET=${CARGO_TARGET_DIR:-target}
-ALT_ARGS=${ALT_ARGS:---poll-us 0}
+ALT_ARGS=${ALT_ARGS:---poll-us auto}
 IOLIFT_ARGS=${IOLIFT_ARGS:-}
 ONLY=${ONLY:-}
 # IOLIFT=PATH: run this iolift binary as is (no build step).
@@ -170,8 +171,8 @@ for job, key, want, ok in t:
     print("  %-22s %-14s ratio %-5s %-8s want %s  [alt %s]" % (
         job, key, "-" if x is None else "%.2f" % x,
         "met" if x is not None and ok(x) else "NOT MET", want, "-" if a is None else "%.2f" % a))
-# The default (adaptive poll, judged by its own result) must not be worse
-# than alt (by default --poll-us 0): IOPS >= 0.95x alt's, QD1 p50 and p99
+# The default (poll mode off) must not be worse than alt (by default
+# --poll-us auto): IOPS >= 0.95x alt's, QD1 p50 and p99
 # <= 1.05x (5% for the noise of alternating runs).
 if any(r(j, "iops", "iolift_over_alt") for j in s):
     print("default vs alt (iolift / alt; want IOPS >= 0.95, latency <= 1.05):")

@@ -135,9 +135,14 @@ fn metrics_report_each_poll_mode_per_connection() {
     assert_eq!(states_now(&during), ["fixed"], "{during}");
     assert_eq!(sum(&during, "iolift_nbd_poll_budget_us", "export"), 50.0);
 
-    // default: adaptive, in one of its own states; a poll's budget stays
-    // within the automatic bounds (20-1000 us) or is 0 when not polling
+    // no flag: off, as with --poll-us 0
     let (during, _) = scrape_during_qd1(&[], false);
+    assert_eq!(states_now(&during), ["off"], "{during}");
+    assert_eq!(sum(&during, "iolift_nbd_polls_total", "result"), 0.0);
+
+    // auto: adaptive, in one of its own states; a poll's budget stays
+    // within the automatic bounds (20-1000 us) or is 0 when not polling
+    let (during, _) = scrape_during_qd1(&["--poll-us", "auto"], false);
     let st = states_now(&during);
     assert!(
         st.len() == 1 && ["polling", "idle", "backoff", "unpolled"].contains(&st[0].as_str()),

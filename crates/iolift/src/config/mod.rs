@@ -11,7 +11,7 @@
 //! max_request = "32M"              # largest read/write payload
 //! max_inflight = "256M"            # bytes of requests in flight, all connections together
 //! threads = 2                      # tokio worker threads
-//! poll_us = "auto"                 # poll mode: "auto" or a budget in microseconds (0 = off)
+//! poll_us = "auto"                 # poll mode: "auto" or a budget in microseconds (0 = off, the default)
 //! coalesce_us = 50                 # longest coalescing pause, microseconds (0 = off)
 //! default_export = "disk"          # the export answering to the empty name
 //! stages = ["cache:size=64M"]      # stacked on every export (first = top)
@@ -108,10 +108,10 @@ pub struct Flags {
     pub threads: Option<usize>,
     /// Poll mode: a connection's reader retries its socket before sleeping,
     /// saving a wake-up per request at low queue depth at the cost of CPU.
-    /// "auto" [default]: the budget follows the connection's waits (20 to
-    /// 1000 us) and polling backs off while it is descheduled, finds no
-    /// data, or the machine has more runnable threads than cores. N: a
-    /// fixed budget of N microseconds (max 10000; 0 = off). Either way off
+    /// "auto": the budget follows the connection's waits (20 to 1000 us)
+    /// and polling backs off while it is descheduled, finds no data, or
+    /// the machine has more runnable threads than cores. N: a fixed budget
+    /// of N microseconds (max 10000; 0 = off, the default). Either way off
     /// for deep queues and for waits longer than half the budget.
     #[arg(long, value_name = "auto|N")]
     pub poll_us: Option<PollSetting>,
