@@ -144,7 +144,7 @@ def main():
     targets += [(j, "cpu_us_per_io", "CPU/IO <= 0.7x nbdkit", lambda r: r <= 0.7)
                 for j in ("randread_4k_qd32", "randwrite_4k_qd32")]
     print()
-    print("targets (default iolift, poll mode on%s):" % ("; alt in brackets" if has_alt else ""))
+    print("targets (iolift with its defaults%s):" % ("; alt in brackets" if has_alt else ""))
     for job, key, label, good in targets:
         r = get(job, key)
         ok = r is not None and good(r)
