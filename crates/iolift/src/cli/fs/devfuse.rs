@@ -3,8 +3,7 @@
 //! read/write or FUSE over io_uring) instead of the fuser one. See
 //! docs/fs.md.
 
-use super::{FsMetrics, MountArgs};
-use crate::frontend::{wait_for_signal, StopOn};
+use super::{mount_label, serve_until_stopped, FsMetrics, MountArgs};
 use crate::metrics::{self, MetricSource};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -129,13 +128,7 @@ pub(super) fn mount(a: MountArgs) -> Result<ExitCode> {
         };
         let m = devfuse::mount(fs.clone(), &a.mountpoint, &dopts)
             .with_context(|| format!("mounting {} on {}", a.backend, a.mountpoint.display()))?;
-        let labels = format!(
-            "mount=\"{}\"",
-            m.dir()
-                .display()
-                .to_string()
-                .replace(['"', '\\', '\n'], "_")
-        );
+        let labels = mount_label(&m.dir().display().to_string());
         let sources: [Arc<dyn MetricSource>; 2] = [
             Arc::new(FsMetrics {
                 stats: m.stats.clone(),
@@ -164,24 +157,7 @@ pub(super) fn mount(a: MountArgs) -> Result<ExitCode> {
         if let Some(addr) = metrics_addr {
             println!("metrics: curl http://{addr}/metrics");
         }
-        let stop = async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if m.is_finished() {
-                    return "unmounted from outside";
-                }
-            }
-        };
-        let why = tokio::select! {
-            s = wait_for_signal(StopOn::IntTerm) => s,
-            s = stop => s,
-        };
-        tracing::info!("{why}: unmounting {}", m.dir().display());
-        let dir = m.dir().to_path_buf();
-        tokio::task::spawn_blocking(move || m.unmount(false))
-            .await
-            .context("unmount task")?
-            .with_context(|| format!("unmounting {}", dir.display()))?;
+        serve_until_stopped(m).await?;
         drop(sources);
         Ok(ExitCode::SUCCESS)
     })

@@ -132,13 +132,7 @@ fn mount(a: MountArgs) -> Result<ExitCode> {
             .with_context(|| format!("mounting {} on {}", a.backend, a.mountpoint.display()))?;
         let source: Arc<dyn MetricSource> = Arc::new(FsMetrics {
             stats: m.stats.clone(),
-            labels: format!(
-                "mount=\"{}\"",
-                m.dir()
-                    .display()
-                    .to_string()
-                    .replace(['"', '\\', '\n'], "_")
-            ),
+            labels: mount_label(&m.dir().display().to_string()),
         });
         metrics::register(source.clone());
         println!(
@@ -156,25 +150,70 @@ fn mount(a: MountArgs) -> Result<ExitCode> {
         if let Some(addr) = metrics_addr {
             println!("metrics: curl http://{addr}/metrics");
         }
-        let stop = async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if m.is_finished() {
-                    return "unmounted from outside";
-                }
-            }
-        };
-        let why = tokio::select! {
-            s = wait_for_signal(StopOn::IntTerm) => s,
-            s = stop => s,
-        };
-        tracing::info!("{why}: unmounting {}", m.dir().display());
-        let dir = m.dir().to_path_buf();
-        tokio::task::spawn_blocking(move || m.unmount(false))
-            .await
-            .context("unmount task")?
-            .with_context(|| format!("unmounting {}", dir.display()))?;
+        serve_until_stopped(m).await?;
         drop(source);
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The label every metric of one mount or socket carries, `mount="NAME"`,
+/// with the characters a Prometheus label value cannot hold as they are
+/// replaced by `_`.
+fn mount_label(name: &str) -> String {
+    format!("mount=\"{}\"", name.replace(['"', '\\', '\n'], "_"))
+}
+
+/// A kernel FUSE mount as the `fs mount` loop needs it, whichever
+/// front-end serves it.
+trait Served: Send + 'static {
+    fn dir(&self) -> &std::path::Path;
+    fn is_finished(&self) -> bool;
+    fn unmount(self, lazy: bool) -> std::io::Result<()>;
+}
+
+impl Served for kernel::Mounted {
+    fn dir(&self) -> &std::path::Path {
+        kernel::Mounted::dir(self)
+    }
+    fn is_finished(&self) -> bool {
+        kernel::Mounted::is_finished(self)
+    }
+    fn unmount(self, lazy: bool) -> std::io::Result<()> {
+        kernel::Mounted::unmount(self, lazy)
+    }
+}
+
+impl Served for iolift_fs::devfuse::Mounted {
+    fn dir(&self) -> &std::path::Path {
+        iolift_fs::devfuse::Mounted::dir(self)
+    }
+    fn is_finished(&self) -> bool {
+        iolift_fs::devfuse::Mounted::is_finished(self)
+    }
+    fn unmount(self, lazy: bool) -> std::io::Result<()> {
+        iolift_fs::devfuse::Mounted::unmount(self, lazy)
+    }
+}
+
+/// Serves `m` until SIGINT/SIGTERM or an unmount from outside (checked
+/// every 200 ms), then unmounts it.
+async fn serve_until_stopped(m: impl Served) -> Result<()> {
+    let stop = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if m.is_finished() {
+                return "unmounted from outside";
+            }
+        }
+    };
+    let why = tokio::select! {
+        s = wait_for_signal(StopOn::IntTerm) => s,
+        s = stop => s,
+    };
+    tracing::info!("{why}: unmounting {}", m.dir().display());
+    let dir = m.dir().to_path_buf();
+    tokio::task::spawn_blocking(move || m.unmount(false))
+        .await
+        .context("unmount task")?
+        .with_context(|| format!("unmounting {}", dir.display()))
 }

@@ -90,13 +90,7 @@ pub fn run(a: VirtioArgs) -> Result<ExitCode> {
         };
         let source: Arc<dyn MetricSource> = Arc::new(FsMetrics {
             stats,
-            labels: format!(
-                "mount=\"virtiofs:{}\"",
-                a.socket_path
-                    .display()
-                    .to_string()
-                    .replace(['"', '\\', '\n'], "_")
-            ),
+            labels: super::mount_label(&format!("virtiofs:{}", a.socket_path.display())),
         });
         metrics::register(source.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
