@@ -28,7 +28,7 @@
 use super::encode::encode_tiles;
 use super::join::{join_all, Fut};
 use super::layout::BLOCK;
-use super::wb::Piece;
+use super::wb::{covers, Piece};
 use super::Inner;
 use crate::block::Errno;
 use bytes::{Bytes, BytesMut};
@@ -37,22 +37,7 @@ use std::sync::Arc;
 
 /// Whether `pieces` cover every column of every data chunk.
 fn whole(pieces: &[Piece], k: usize, chunk: u64) -> bool {
-    (0..k).all(|c| {
-        let mut iv: Vec<(u64, u64)> = pieces
-            .iter()
-            .filter(|p| p.0 == c)
-            .map(|p| (p.1, p.1 + p.2.len() as u64))
-            .collect();
-        iv.sort_unstable();
-        let mut at = 0;
-        for (a, b) in iv {
-            if a > at {
-                return false;
-            }
-            at = at.max(b);
-        }
-        at >= chunk
-    })
+    (0..k).all(|c| covers(pieces, c, 0, chunk))
 }
 
 /// Data chunk `c` of a whole stripe: a piece's own bytes when one covers

@@ -24,6 +24,24 @@ use super::layout::BLOCK;
 /// A data chunk's new bytes in one stripe: (chunk, first column, bytes).
 pub type Piece = (usize, u64, Bytes);
 
+/// Whether `pieces` cover columns `[lo, hi)` of chunk `c` (together).
+pub(super) fn covers(pieces: &[Piece], c: usize, lo: u64, hi: u64) -> bool {
+    let mut iv: Vec<(u64, u64)> = pieces
+        .iter()
+        .filter(|p| p.0 == c)
+        .map(|p| (p.1, p.1 + p.2.len() as u64))
+        .collect();
+    iv.sort_unstable();
+    let mut at = lo;
+    for (a, b) in iv {
+        if a > at {
+            return false;
+        }
+        at = at.max(b);
+    }
+    at >= hi
+}
+
 /// Pieces one stripe may gather before it is written (rewrites of the
 /// same blocks add pieces).
 const MAX_PIECES: usize = 64;

@@ -35,7 +35,7 @@
 
 use super::join::{join_all, Fut};
 use super::layout::{JHeader, BLOCK};
-use super::wb::{Piece, Put};
+use super::wb::{covers, Piece, Put};
 use super::Inner;
 use crate::block::Errno;
 use bytes::{Bytes, BytesMut};
@@ -44,24 +44,6 @@ use std::sync::Arc;
 
 /// Bytes zeroed per stripe-write round by write-zeroes.
 const ZERO_PIECE: u64 = 8 << 20;
-
-/// Whether `pieces` cover columns `[lo, hi)` of chunk `c` (together).
-fn covers(pieces: &[Piece], c: usize, lo: u64, hi: u64) -> bool {
-    let mut iv: Vec<(u64, u64)> = pieces
-        .iter()
-        .filter(|p| p.0 == c)
-        .map(|p| (p.1, p.1 + p.2.len() as u64))
-        .collect();
-    iv.sort_unstable();
-    let mut at = lo;
-    for (a, b) in iv {
-        if a > at {
-            return false;
-        }
-        at = at.max(b);
-    }
-    at >= hi
-}
 
 impl Inner {
     /// A write of `data` at `off`; with `fua`, stable when it completes.
