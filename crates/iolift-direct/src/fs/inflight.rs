@@ -18,8 +18,8 @@
 //! unmount, fsck, mount again.
 
 use super::Dev;
-use crate::buf::{AlignedBuf, Buf};
-use crate::engine::{Done, Op};
+use crate::buf::AlignedBuf;
+use crate::engine::Done;
 use crate::slot::Pending;
 use std::io;
 
@@ -60,19 +60,7 @@ impl Dev {
     /// [`Dev::write_many`]) and returns without waiting.
     pub fn start_many(&self, blocks: Vec<(u64, AlignedBuf)>) -> io::Result<()> {
         self.settle()?;
-        let mut waits = Vec::new();
-        let mut ops = Vec::new();
-        for (b, n, data) in self.runs(blocks) {
-            let (tx, rx) = crate::slot::pair::<Done>();
-            ops.push((
-                Op::Write {
-                    offset: b * self.bs as u64,
-                    buf: Buf::Aligned(data),
-                },
-                Box::new(move |d| tx.set(d)) as crate::engine::Callback,
-            ));
-            waits.push((b, n, rx));
-        }
+        let (ops, waits) = self.run_writes(self.runs(blocks));
         self.eng.start_batch(ops);
         *self.inflight.borrow_mut() = Some(Inflight {
             waits,

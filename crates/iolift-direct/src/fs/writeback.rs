@@ -179,6 +179,10 @@ impl Fs {
 /// sequential writes, not one request per block).
 pub const WRITE_RUN_MAX: usize = 1 << 20;
 
+/// A run's first block, its length in blocks, and where its write's
+/// completion arrives.
+pub(super) type RunWait = (u64, usize, crate::slot::Pending<crate::engine::Done>);
+
 impl super::Dev {
     /// Writes whole blocks in one batch of requests and waits for all;
     /// blocks that are consecutive on the disk share a request of up to
@@ -219,8 +223,12 @@ impl super::Dev {
         runs
     }
 
-    /// Writes runs in one batch of requests and waits for all.
-    pub(super) fn write_runs(&self, runs: Vec<(u64, usize, AlignedBuf)>) -> io::Result<()> {
+    /// One write request per run, and for each run (first block, blocks,
+    /// where its completion arrives).
+    pub(super) fn run_writes(
+        &self,
+        runs: Vec<(u64, usize, AlignedBuf)>,
+    ) -> (Vec<(Op, crate::engine::Callback)>, Vec<RunWait>) {
         let mut waits = Vec::with_capacity(runs.len());
         let mut ops = Vec::with_capacity(runs.len());
         for (b, n, data) in runs {
@@ -234,6 +242,12 @@ impl super::Dev {
             ));
             waits.push((b, n, rx));
         }
+        (ops, waits)
+    }
+
+    /// Writes runs in one batch of requests and waits for all.
+    pub(super) fn write_runs(&self, runs: Vec<(u64, usize, AlignedBuf)>) -> io::Result<()> {
+        let (ops, waits) = self.run_writes(runs);
         self.eng.submit_batch(ops);
         self.check(waits)
     }
