@@ -7,39 +7,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-fn io_err(ctx: String, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{ctx}: {e}"))
-}
-
-fn open_dev_fuse() -> io::Result<OwnedFd> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .map_err(|e| io_err("cannot open /dev/fuse".into(), e))?;
-    Ok(f.into())
-}
+use crate::kernel::{io_err, mount_point, open_dev_fuse};
 
 /// Mounts a FUSE file system named `name` of type `fuse.<subtype>` on
 /// `dir` (made canonical) and returns the /dev/fuse fd that serves it.
 pub fn mount(dir: &Path, name: &str, subtype: &str) -> io::Result<(OwnedFd, PathBuf)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "a FUSE mount needs root (mount(2) of /dev/fuse); run as root",
-        ));
-    }
-    let dir = dir
-        .canonicalize()
-        .map_err(|e| io_err(format!("mount point {}", dir.display()), e))?;
-    if !dir.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("mount point {} is not a directory", dir.display()),
-        ));
-    }
     let fd = open_dev_fuse()?;
+    let dir = mount_point(dir)?;
     let data = format!(
         "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
         fd.as_raw_fd()

@@ -61,7 +61,8 @@ pub struct Mounted {
     pub stats: Arc<OpStats>,
 }
 
-fn io_err(ctx: String, e: io::Error) -> io::Error {
+/// `e` with `ctx` in front of its message, its kind kept.
+pub(crate) fn io_err(ctx: String, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{ctx}: {e}"))
 }
 
@@ -122,7 +123,22 @@ impl Drop for Mounted {
     }
 }
 
-fn open_dev_fuse() -> io::Result<OwnedFd> {
+/// `dir` made canonical, checked to be a directory to mount on.
+pub(crate) fn mount_point(dir: &Path) -> io::Result<PathBuf> {
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| io_err(format!("mount point {}", dir.display()), e))?;
+    if !dir.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("mount point {} is not a directory", dir.display()),
+        ));
+    }
+    Ok(dir)
+}
+
+/// Opens /dev/fuse for a mount (root only: mount(2) needs it).
+pub(crate) fn open_dev_fuse() -> io::Result<OwnedFd> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(io::Error::new(
@@ -141,15 +157,7 @@ fn open_dev_fuse() -> io::Result<OwnedFd> {
 /// Mounts `fs` on the directory `dir` and starts serving it.
 pub fn mount(fs: Arc<dyn FileSystem>, dir: &Path, opts: &KernelOptions) -> io::Result<Mounted> {
     let fd = open_dev_fuse()?;
-    let dir = dir
-        .canonicalize()
-        .map_err(|e| io_err(format!("mount point {}", dir.display()), e))?;
-    if !dir.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("mount point {} is not a directory", dir.display()),
-        ));
-    }
+    let dir = mount_point(dir)?;
     let data = format!(
         "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
         fd.as_raw_fd()
