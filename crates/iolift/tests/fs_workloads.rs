@@ -6,12 +6,14 @@
 mod common;
 #[path = "common/fs_mount.rs"]
 mod fs_mount;
+#[path = "common/fs_workloads.rs"]
+mod workloads;
 use common::*;
-use fs_mount::{make_tree, tree_sums, FsMount};
+use fs_mount::FsMount;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
@@ -25,36 +27,10 @@ fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
 #[test]
 fn fio_verify_on_the_mirror_with_and_without_writeback_cache() {
     let _h = heavy();
-    require_tool("fio");
     for extra in [&[][..], &["--writeback-cache"][..]] {
         let (_tmp, src, mnt) = layout();
         let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, extra);
-        let out = run_ok(
-            cmd("fio")
-                .args([
-                    "--name=v",
-                    "--rw=randwrite",
-                    "--bs=4k",
-                    "--size=32M",
-                    "--ioengine=psync",
-                    "--numjobs=2",
-                    "--verify=crc32c",
-                    "--verify_fatal=1",
-                    "--do_verify=1",
-                    "--group_reporting",
-                    // fio writes its verify state into the working directory
-                    // (the crate's source folder under cargo test) otherwise.
-                    "--verify_state_save=0",
-                ])
-                .arg(format!("--directory={}", m.mnt.display())),
-        );
-        assert!(out.stdout.contains("v: (groupid=0"), "{}", out.report());
-        // The data is in the host files, one per job.
-        let files: Vec<_> = fs::read_dir(&src).unwrap().collect();
-        assert_eq!(files.len(), 2, "{extra:?}");
-        for f in files {
-            assert_eq!(f.unwrap().metadata().unwrap().len(), 32 << 20);
-        }
+        workloads::fio_verify(&m.mnt, 32, Some(&src));
     }
 }
 
@@ -62,183 +38,33 @@ fn fio_verify_on_the_mirror_with_and_without_writeback_cache() {
 fn tar_in_and_out_keeps_every_byte() {
     let _h = heavy();
     let (tmp, src, mnt) = layout();
-    let tree = tmp.path().join("tree");
-    make_tree(&tree, 11);
     let m = FsMount::start(
         &format!("mirror:{}", src.display()),
         &mnt,
         &["--threads", "3"],
     );
-    let into = m.mnt.join("x");
-    fs::create_dir(&into).unwrap();
-    run_ok(Command::new("sh").arg("-c").arg(format!(
-        "tar -C {} -cf - . | tar -C {} -xf -",
-        tree.display(),
-        into.display()
-    )));
-    let back = tmp.path().join("back");
-    fs::create_dir(&back).unwrap();
-    run_ok(Command::new("sh").arg("-c").arg(format!(
-        "tar -C {} -cf - . | tar -C {} -xf -",
-        into.display(),
-        back.display()
-    )));
-    let want = tree_sums(&tree);
-    assert!(want.lines().count() > 150);
-    assert_eq!(tree_sums(&into), want);
-    assert_eq!(tree_sums(&src.join("x")), want);
-    assert_eq!(tree_sums(&back), want);
-    // The hard link came through as one inode with two names.
-    use std::os::unix::fs::MetadataExt;
-    let (a, b) = (
-        fs::metadata(into.join("big.bin")).unwrap(),
-        fs::metadata(into.join("big.hard")).unwrap(),
-    );
-    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
-    assert_eq!(
-        fs::read_link(into.join("link")).unwrap(),
-        Path::new("dir0/sub0/f1.bin")
-    );
+    workloads::tar_round_trip(tmp.path(), &m.mnt, &src);
 }
 
 #[test]
 fn git_clone_checkout_and_status_on_the_mount() {
-    require_tool("git");
     let (_tmp, src, mnt) = layout();
     let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, &[]);
-    let repo = m.mnt.join("repo");
-    fs::create_dir(&repo).unwrap();
-    let git = |dir: &Path, args: &[&str]| {
-        run_ok(
-            cmd("git")
-                .args([
-                    "-c",
-                    "user.name=t",
-                    "-c",
-                    "user.email=t@t",
-                    "-c",
-                    "init.defaultBranch=main",
-                ])
-                .args(args)
-                .current_dir(dir),
-        )
-    };
-    git(&repo, &["init", "-q"]);
-    for i in 0..20 {
-        fs::write(
-            repo.join(format!("file{}.txt", i % 7)),
-            format!("line {i}\n").repeat(i + 1),
-        )
-        .unwrap();
-        git(&repo, &["add", "-A"]);
-        git(&repo, &["commit", "-q", "-m", &format!("c{i}")]);
-    }
-    git(&repo, &["checkout", "-q", "-b", "side", "HEAD~5"]);
-    fs::write(repo.join("side.txt"), "side\n").unwrap();
-    git(&repo, &["add", "side.txt"]);
-    git(&repo, &["commit", "-q", "-m", "side"]);
-    git(&repo, &["checkout", "-q", "main"]);
-    git(&m.mnt, &["clone", "-q", "repo", "clone"]);
-    let clone = m.mnt.join("clone");
-    git(&clone, &["checkout", "-q", "side"]);
-    assert_eq!(
-        fs::read_to_string(clone.join("side.txt")).unwrap(),
-        "side\n"
-    );
-    let st = git(&clone, &["status", "--porcelain"]);
-    assert_eq!(st.stdout, "", "clean checkout");
-    fs::write(clone.join("file1.txt"), "changed\n").unwrap();
-    let st = git(&clone, &["status", "--porcelain"]);
-    assert_eq!(st.stdout.trim(), "M file1.txt");
-    git(&clone, &["fsck", "--strict"]);
-    let log = git(&repo, &["log", "--oneline", "main"]);
-    assert_eq!(log.stdout.lines().count(), 20);
+    workloads::git_history(&m.mnt, Some(&src), 20, 7, 5);
 }
 
 #[test]
 fn sqlite_database_passes_integrity_check() {
-    require_tool("sqlite3");
     let (_tmp, src, mnt) = layout();
     let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, &[]);
-    let db = m.mnt.join("t.db");
-    let mut sql = String::from(
-        "PRAGMA journal_mode=WAL;\nCREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, b BLOB);\n",
-    );
-    for batch in 0..20 {
-        sql.push_str("BEGIN;\n");
-        for i in 0..250 {
-            let id = batch * 250 + i;
-            sql.push_str(&format!(
-                "INSERT INTO t(v, b) VALUES ('row {id}', randomblob({}));\n",
-                100 + id % 900
-            ));
-        }
-        sql.push_str("COMMIT;\n");
-    }
-    sql.push_str("DELETE FROM t WHERE id % 3 = 0;\nVACUUM;\n");
-    let mut c = cmd("sqlite3");
-    c.arg(&db).stdin(Stdio::piped());
-    let mut child = c
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(sql.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let q = |db: &Path, s: &str| {
-        run_ok(cmd("sqlite3").arg(db).arg(s))
-            .stdout
-            .trim()
-            .to_string()
-    };
-    assert_eq!(q(&db, "PRAGMA integrity_check;"), "ok");
-    assert_eq!(q(&db, "SELECT count(*) FROM t;"), "3334");
-    // The host sees the same database.
-    assert_eq!(q(&src.join("t.db"), "PRAGMA integrity_check;"), "ok");
+    workloads::sqlite_rows(&m.mnt, &src, 20, true);
 }
 
 #[test]
 fn rsync_checksums_match_the_source() {
-    require_tool("rsync");
     let (tmp, src, mnt) = layout();
-    let tree = tmp.path().join("tree");
-    make_tree(&tree, 23);
     let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, &[]);
-    let dst = m.mnt.join("r");
-    run_ok(
-        cmd("rsync")
-            .arg("-aH")
-            .arg(format!("{}/", tree.display()))
-            .arg(&dst),
-    );
-    // -c: compare by checksum; nothing may differ.
-    let out = run_ok(
-        cmd("rsync")
-            .args(["-aHc", "--dry-run", "--itemize-changes", "--delete"])
-            .arg(format!("{}/", tree.display()))
-            .arg(format!("{}/", dst.display())),
-    );
-    assert_eq!(out.stdout.trim(), "", "rsync -c found differences");
-    // And a change made through the mount is found by the same check.
-    fs::write(dst.join("dir1/sub1/f3.bin"), b"different").unwrap();
-    let out = run_ok(
-        cmd("rsync")
-            .args(["-aHc", "--dry-run", "--itemize-changes"])
-            .arg(format!("{}/", tree.display()))
-            .arg(format!("{}/", dst.display())),
-    );
-    assert!(out.stdout.contains("dir1/sub1/f3.bin"), "{}", out.stdout);
+    workloads::rsync_tree(tmp.path(), &m.mnt, &src);
 }
 
 #[test]
