@@ -34,21 +34,14 @@ for t in python3 ceph-mon ceph-osd rados; do
     command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
 done
 
-if [[ -z ${BIN:-} ]]; then
-    if [[ $PROFILE == release ]]; then
-        nice -n 5 cargo build --release -q -p iolift
-        BIN=$CARGO_TARGET_DIR/release/iolift
-    else
-        nice -n 5 cargo build -q -p iolift
-        BIN=$CARGO_TARGET_DIR/debug/iolift
-    fi
-fi
+# build_iolift, peak_kib, fuse_mount, fuse_unmount
+source bench/lib.sh
+build_iolift
 
 SRC=$WORK/src
 MNT=$WORK/mnt
 RES=$WORK/results
 CEPH=$WORK/c
-SERVER_PID=
 cleanup() {
     if mountpoint -q "$MNT" 2>/dev/null; then umount -l "$MNT" || true; fi
     [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null || true
@@ -58,8 +51,6 @@ cleanup() {
 trap cleanup EXIT
 rm -rf "$WORK"
 mkdir -p "$SRC" "$MNT" "$RES"
-# peak_kib, wait_mount
-source bench/lib.sh
 
 echo "load before: $(uptime)"
 CONF=$(CEPH_LOCAL_POOL=kvfs CEPH_LOCAL_IMAGE= CEPH_LOCAL_OSDS=1 CEPH_LOCAL_POOL_SIZE=1 \
@@ -67,20 +58,12 @@ CONF=$(CEPH_LOCAL_POOL=kvfs CEPH_LOCAL_IMAGE= CEPH_LOCAL_OSDS=1 CEPH_LOCAL_POOL_
     { cat "$RES/ceph.log" >&2; exit 1; }
 
 mount_setup() { # mount_setup kv|mirror
+    local spec
     case $1 in
-        kv) "$BIN" fs mount "kv:rados:kvfs,conf=$CONF" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" & ;;
-        mirror) "$BIN" fs mount "mirror:$SRC" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" & ;;
+        kv) spec="kv:rados:kvfs,conf=$CONF" ;;
+        mirror) spec="mirror:$SRC" ;;
     esac
-    SERVER_PID=$!
-    wait_mount "$MNT" "$RES/iolift.log" 30
-}
-
-unmount_setup() {
-    HWM=$(peak_kib "$SERVER_PID")
-    umount "$MNT" 2>/dev/null || umount -l "$MNT"
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=
+    fuse_mount "$MNT" "$RES/iolift.log" 30 "$BIN" fs mount "$spec" "$MNT" --threads "$THREADS"
 }
 
 # One repeat of one setup and file size: four phases, one JSON line each.
@@ -126,7 +109,7 @@ for name, f in [("create", create), ("read", read), ("stat", stat), ("unlink", u
                       "server_us_op": (s1 - s0) / hz * 1e6 / n,
                       "machine_us_op": (m1 - m0) / hz * 1e6 / n, "ok": ok}))
 EOF
-    unmount_setup
+    fuse_unmount "$MNT"
     python3 -c 'import json,sys; [print(json.dumps({**json.loads(l), "rss_mib": int(sys.argv[1]) / 1024})) for l in open(sys.argv[2])]' \
         "$HWM" "$RES/one" >>"$RES/rows"
 }

@@ -41,19 +41,13 @@ for t in fio python3 ganesha.nfsd; do
     command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
 done
 
-if [[ -z ${BIN:-} ]]; then
-    if [[ $PROFILE == release ]]; then
-        nice -n 5 cargo build --release -q -p iolift --bin iolift
-    else
-        nice -n 5 cargo build -q -p iolift --bin iolift
-    fi
-    BIN=$CARGO_TARGET_DIR/$([[ $PROFILE == release ]] && echo release || echo debug)/iolift
-fi
+# build_iolift, cpu_ticks, peak_kib, fuse_mount, fuse_unmount
+source bench/lib.sh
+build_iolift
 
 EXP=$WORK/exp
 MNT=$WORK/mnt
 RES=$WORK/results
-SERVER_PID=
 GANESHA_PID=
 cleanup() {
     if mountpoint -q "$MNT" 2>/dev/null; then umount -l "$MNT" || true; fi
@@ -80,25 +74,15 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-# cpu_ticks, peak_kib, wait_mount
-source bench/lib.sh
 busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 
 mount_setup() { # mount_setup mirror|nfs
+    local spec
     case $1 in
-        mirror) "$BIN" fs mount "mirror:$EXP" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" & ;;
-        nfs) "$BIN" fs mount "nfs://127.0.0.1$EXP?nfsport=$PORT&mountport=$MNT_PORT&connections=$THREADS" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" & ;;
+        mirror) spec="mirror:$EXP" ;;
+        nfs) spec="nfs://127.0.0.1$EXP?nfsport=$PORT&mountport=$MNT_PORT&connections=$THREADS" ;;
     esac
-    SERVER_PID=$!
-    wait_mount "$MNT" "$RES/iolift.log" 15
-}
-
-unmount_setup() {
-    HWM=$(peak_kib "$SERVER_PID")
-    umount "$MNT" 2>/dev/null || umount -l "$MNT"
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=
+    fuse_mount "$MNT" "$RES/iolift.log" 15 "$BIN" fs mount "$spec" "$MNT" --threads "$THREADS"
 }
 
 # run_cell SETUP CELL REPEAT CMD...: one measurement -> one JSON line in $RES/rows.
@@ -110,7 +94,7 @@ run_cell() {
     b0=$(busy_ticks); s0=$(cpu_ticks "$SERVER_PID"); g0=$(cpu_ticks "$GANESHA_PID")
     "$@" >"$RES/out.json"
     s1=$(cpu_ticks "$SERVER_PID"); g1=$(cpu_ticks "$GANESHA_PID"); b1=$(busy_ticks)
-    unmount_setup
+    fuse_unmount "$MNT"
     python3 - "$setup" "$cell" "$rep" "$((s1 - s0))" "$((g1 - g0))" "$((b1 - b0))" "$HWM" \
         "$(peak_kib "$GANESHA_PID")" "$RES/out.json" >>"$RES/rows" <<'PY'
 import json, sys

@@ -9,6 +9,10 @@
 #   "$BIN" fs mount SPEC "$MNT" ... 2>"$LOG" &
 #   SERVER_PID=$!; wait_mount "$MNT" "$LOG"
 #
+#   build_iolift     # BIN unset: cargo build -p iolift (PROFILE, default release)
+#   fuse_mount MNT LOG SECONDS "$BIN" fs mount SPEC "$MNT" ...
+#   ...; fuse_unmount MNT   # HWM = the server's peak RSS in KiB
+#
 # cpu_ticks PID: utime+stime of PID in clock ticks (/proc/PID/stat).
 # peak_kib PID: the peak resident set (VmHWM) of PID in KiB.
 # start_busy / stop_busy: the competing load of BUSY=1 runs (below).
@@ -63,6 +67,37 @@ wait_mount() {
         sleep 0.05
     done
     echo "$1 was not mounted within ${3:-15} s" >&2; cat "$2" >&2; exit 1
+}
+
+# build_iolift: unless BIN is set, builds the iolift binary (release, or
+# debug with PROFILE=debug) into CARGO_TARGET_DIR and sets BIN to it.
+build_iolift() {
+    [[ -z ${BIN:-} ]] || return 0
+    if [[ ${PROFILE:-release} == release ]]; then
+        nice -n 5 cargo build --release -q -p iolift --bin iolift
+        BIN=$CARGO_TARGET_DIR/release/iolift
+    else
+        nice -n 5 cargo build -q -p iolift --bin iolift
+        BIN=$CARGO_TARGET_DIR/debug/iolift
+    fi
+}
+
+# fuse_mount MNT LOG SECONDS CMD...: starts CMD (a FUSE server that mounts
+# MNT) in the background, its stderr to LOG and its stdout to LOG.out, sets
+# SERVER_PID and waits for the mount (wait_mount).
+fuse_mount() {
+    local mnt=$1 log=$2 secs=$3; shift 3
+    "$@" >"$log.out" 2>"$log" &
+    SERVER_PID=$!
+    wait_mount "$mnt" "$log" "$secs"
+}
+
+# fuse_unmount MNT: sets HWM to the peak RSS (KiB) of SERVER_PID, unmounts
+# MNT (lazily if it is busy) and waits for the server to exit.
+fuse_unmount() {
+    HWM=$(peak_kib "$SERVER_PID")
+    umount "$1" 2>/dev/null || umount -l "$1"
+    stop_server
 }
 
 stop_server() {
