@@ -76,7 +76,8 @@ pub struct Config {
     pub inline: bool,
     /// Inline mode only: after submitting, spin on the completion ring for
     /// up to this many microseconds before sleeping in the kernel (0: no
-    /// spinning). With [`Self::sqpoll`] a request then needs no system
+    /// spinning); less when recent requests completed sooner, not at all
+    /// when they took longer (see [`inline`]). With [`Self::sqpoll`] a request then needs no system
     /// call at all while both sides are awake; the price is a CPU kept
     /// busy for up to this long per request (and, with SQPOLL, the
     /// kernel's polling thread busy until its idle time passes).
@@ -164,6 +165,8 @@ pub struct Stats {
     pub enters: u64,
     /// The most requests put into the ring by one submission.
     pub max_batch: u64,
+    /// Device flushes asked for with [`Engine::flush`].
+    pub flushes: u64,
 }
 
 struct Shared {
@@ -173,6 +176,7 @@ struct Shared {
     ops: AtomicU64,
     enters: AtomicU64,
     max_batch: AtomicU64,
+    flushes: AtomicU64,
 }
 
 impl Shared {
@@ -303,6 +307,7 @@ impl Engine {
             ops: AtomicU64::new(0),
             enters: AtomicU64::new(0),
             max_batch: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
         });
         let target = Arc::new(target);
         if cfg.inline {
@@ -316,6 +321,7 @@ impl Engine {
                 spin: (cfg.spin_us > 0 && !(cfg.iopoll && cfg.sqpoll.is_none()))
                     .then(|| std::time::Duration::from_micros(cfg.spin_us.into())),
                 sqpoll: cfg.sqpoll.is_some(),
+                spin_est: std::time::Duration::ZERO,
                 started: Vec::new(),
                 started_out: 0,
                 finished: Vec::new(),
@@ -378,6 +384,7 @@ impl Engine {
             ops: self.shared.ops.load(Ordering::Relaxed),
             enters: self.shared.enters.load(Ordering::Relaxed),
             max_batch: self.shared.max_batch.load(Ordering::Relaxed),
+            flushes: self.shared.flushes.load(Ordering::Relaxed),
         }
     }
 
@@ -478,6 +485,7 @@ impl Engine {
     }
 
     pub fn flush(&self) -> Pending<Done> {
+        self.shared.flushes.fetch_add(1, Ordering::Relaxed);
         self.run(Op::Flush)
     }
 }

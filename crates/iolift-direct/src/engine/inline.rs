@@ -14,7 +14,12 @@
 //! completion ring in a loop, and only when the time is up with requests
 //! still out does it enter the kernel to wait for them. That trades a
 //! busy CPU for the wake-up (and, under SQPOLL, the system call) a
-//! sleeping waiter pays per request.
+//! sleeping waiter pays per request. The spin adapts: it lasts as long
+//! as recent requests took to complete, plus a margin (a half and
+//! 5 us), at most `spin_us`; when recent requests took longer than
+//! `spin_us` (a slow device, large requests) the caller sleeps at once.
+//! Its CPU cost is about the request's latency: the caller's CPU is busy
+//! until the completion arrives.
 //!
 //! [`InlineRing::start`] submits requests without waiting for them (a
 //! write-back that goes on while the caller works): they stay in the ring,
@@ -42,6 +47,10 @@ pub(super) struct InlineRing {
     /// in `io_uring_enter` at once).
     pub spin: Option<Duration>,
     pub sqpoll: bool,
+    /// Recent time from submitting a group to reaping its last
+    /// completion, with spinning on (a moving average, 1/8 weight to the
+    /// newest; zero before the first).
+    pub spin_est: Duration,
     /// Requests started and not yet completed, by slot (their user data
     /// is `STARTED | slot`).
     pub started: Vec<Option<(Callback, Option<Buf>)>>,
@@ -216,7 +225,13 @@ fn submit_and_reap(
     out: &mut [Option<(Callback, Done)>],
 ) {
     let mut left = in_ring.len();
-    if let Some(spin) = r.spin {
+    let submitted = Instant::now();
+    // No spin (none asked for, or recent requests took longer than the
+    // cap): one enter below submits and waits.
+    let spin = r
+        .spin
+        .map_or(Duration::ZERO, |cap| spin_window(r.spin_est, cap));
+    if !spin.is_zero() {
         // Submit without waiting: no system call under SQPOLL while its
         // thread is awake (the io_uring crate enters only to wake it).
         if !r.sqpoll || r.ring.submission().need_wakeup() {
@@ -258,7 +273,28 @@ fn submit_and_reap(
         }
         left -= reap(r, in_ring, out);
     }
+    if r.spin.is_some() {
+        let took = submitted.elapsed();
+        r.spin_est = match r.spin_est.is_zero() {
+            true => took,
+            false => (r.spin_est * 7 + took) / 8,
+        };
+    }
     in_ring.clear();
+}
+
+/// How long to spin for a group, given the recent completion time `est`
+/// and the most the caller allows, `cap`: all of `cap` before anything
+/// is known, nothing when recent groups took longer than `cap`, else
+/// `est` and a margin, at most `cap`.
+fn spin_window(est: Duration, cap: Duration) -> Duration {
+    if est.is_zero() {
+        cap
+    } else if est > cap {
+        Duration::ZERO
+    } else {
+        (est + est / 2 + Duration::from_micros(5)).min(cap)
+    }
 }
 
 /// Moves the completions in the ring into `out`; returns how many.
@@ -296,4 +332,23 @@ fn reap(
         n += 1;
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spin_window;
+    use std::time::Duration;
+
+    #[test]
+    fn spin_follows_recent_completions_within_the_cap() {
+        let us = Duration::from_micros;
+        // Nothing known yet: the whole cap.
+        assert_eq!(spin_window(Duration::ZERO, us(200)), us(200));
+        // Recent requests took 40 us: 40 + 20 + 5.
+        assert_eq!(spin_window(us(40), us(200)), us(65));
+        // Near the cap: the cap.
+        assert_eq!(spin_window(us(180), us(200)), us(200));
+        // Slower than the cap: sleep at once.
+        assert_eq!(spin_window(us(250), us(200)), Duration::ZERO);
+    }
 }
