@@ -6,7 +6,14 @@
 //! (`Write::flush` of a log, table or manifest file it writes) is
 //! AccelFS's hard sync: the file's dirty blocks, then its inode, then a
 //! device flush. A closed file stays in memory (handle.rs) and is
-//! soft-synced when dropped or renamed. Renames stay within one
+//! soft-synced when dropped or renamed.
+//!
+//! [`SyncMode`] says what the engine's sync is: a hard sync (the default:
+//! the bytes survive a power loss, as after fdatasync(2)) or a soft sync
+//! (the bytes are on the device when the call returns and survive the
+//! process being killed, not a power loss: the durability of
+//! rusty-leveldb's own POSIX environment, whose sync leaves them in the
+//! kernel's page cache). Renames stay within one
 //! directory (the engine renames only there). Locks are held in this
 //! process; the image itself is locked with flock(2) against a second
 //! process.
@@ -31,6 +38,27 @@ use std::rc::Rc;
 /// scanned is read from the disk once, not once per cache's worth.
 pub const KV_CACHE_BLOCKS: usize = 512;
 
+/// What the engine's sync (`Write::flush` of a log, table or manifest
+/// file) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// AccelFS's hard sync: the file's dirty blocks, its inode, then a
+    /// device flush. The synced bytes survive a power loss (what
+    /// fdatasync(2) gives on a host file system).
+    #[default]
+    Hard,
+    /// AccelFS's soft sync: the file's dirty blocks, then its inode,
+    /// each written and completed before the call returns, no device
+    /// flush. The synced bytes survive the process being killed (they
+    /// are in the kernel or on the device, not in this process), not a
+    /// power loss: what rusty-leveldb's own POSIX environment gives,
+    /// whose sync is a write(2) into the page cache without fsync.
+    /// The order of the engine's syncs (a table before the manifest
+    /// that names it, the manifest before CURRENT) is kept: each waits
+    /// for its writes.
+    Soft,
+}
+
 /// Settings of an [`AccelEnv`].
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
@@ -41,6 +69,8 @@ pub struct EnvConfig {
     /// (`Fs::set_cache_budget`; AccelFS's default, 8192, is 64 MiB at 8 KiB
     /// blocks).
     pub cache_budget: usize,
+    /// What the engine's sync does ([`SyncMode::Hard`] by default).
+    pub sync: SyncMode,
 }
 
 impl Default for EnvConfig {
@@ -48,6 +78,7 @@ impl Default for EnvConfig {
         EnvConfig {
             cache_blocks: KV_CACHE_BLOCKS,
             cache_budget: iolift_direct::fs::DEFAULT_CACHE_BUDGET,
+            sync: SyncMode::Hard,
         }
     }
 }
@@ -97,7 +128,7 @@ impl AccelEnv {
         fs.set_cache_blocks(cfg.cache_blocks);
         fs.set_cache_budget(cfg.cache_budget);
         AccelEnv {
-            inner: Rc::new(Inner::new(fs, image_lock)),
+            inner: Rc::new(Inner::new(fs, cfg.sync, image_lock)),
         }
     }
 

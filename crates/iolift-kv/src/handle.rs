@@ -16,6 +16,7 @@
 //! any file system's page cache (the kernel's survives a killed process,
 //! this one does not).
 
+use crate::env::SyncMode;
 use iolift_direct::fs::{File, Fs};
 use rusty_leveldb::env::RandomAccess;
 use rusty_leveldb::Status;
@@ -42,6 +43,8 @@ pub(crate) struct Inner {
     /// Open files by inode.
     pub open: RefCell<HashMap<u32, Weak<RefCell<OpenFile>>>>,
     pub locks: RefCell<HashSet<String>>,
+    /// What a handle's `flush` (the engine's sync) does.
+    sync: SyncMode,
     /// Closed files whose caches are kept, by inode, and the order they
     /// were closed in (an inode may appear there after it left `kept`).
     kept: RefCell<HashMap<u32, Shared>>,
@@ -66,8 +69,9 @@ impl Inner {
         self.open.borrow().get(&ino).and_then(Weak::upgrade)
     }
 
-    pub fn new(fs: Fs, image_lock: Option<std::fs::File>) -> Inner {
+    pub fn new(fs: Fs, sync: SyncMode, image_lock: Option<std::fs::File>) -> Inner {
         Inner {
+            sync,
             fs: RefCell::new(Some(fs)),
             open: RefCell::new(Default::default()),
             locks: RefCell::new(Default::default()),
@@ -155,7 +159,8 @@ impl Inner {
 }
 
 /// One handle: a sequential reader (its own position), a random-access
-/// reader, or an appending writer (`flush` is a hard sync).
+/// reader, or an appending writer (`flush` is a hard or soft sync, as
+/// the environment's [`SyncMode`] says).
 pub(crate) struct Handle {
     env: Rc<Inner>,
     f: Shared,
@@ -208,9 +213,13 @@ impl io::Write for Handle {
         Ok(buf.len())
     }
 
-    /// AccelFS's hard sync: dirty blocks, the inode, a device flush.
+    /// The engine's sync: AccelFS's hard sync (dirty blocks, the inode, a
+    /// device flush) or soft sync (the same without the device flush).
     fn flush(&mut self) -> io::Result<()> {
-        self.run(|fs, f| fs.sync_hard(f))
+        match self.env.sync {
+            SyncMode::Hard => self.run(|fs, f| fs.sync_hard(f)),
+            SyncMode::Soft => self.run(|fs, f| fs.sync_soft(f)),
+        }
     }
 }
 

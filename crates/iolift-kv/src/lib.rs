@@ -3,7 +3,8 @@
 //! (the `Env` trait) is implemented here on iolift-direct's file system.
 //!
 //! - [`env`]: [`AccelEnv`], the environment on AccelFS (files through the
-//!   per-file buffer cache; a sync is AccelFS's hard sync);
+//!   per-file buffer cache; a sync is AccelFS's hard sync, or its soft
+//!   sync with [`SyncMode::Soft`]);
 //! - [`posix`]: [`PosixSyncEnv`], the engine's own POSIX environment with
 //!   a sync that is fdatasync(2) (for comparisons of equal durability);
 //! - [`bench`]: db_bench's workloads and report lines.
@@ -15,5 +16,5 @@ pub mod env;
 mod handle;
 pub mod posix;
 
-pub use env::{AccelEnv, EnvConfig, KV_CACHE_BLOCKS};
+pub use env::{AccelEnv, EnvConfig, SyncMode, KV_CACHE_BLOCKS};
 pub use posix::PosixSyncEnv;

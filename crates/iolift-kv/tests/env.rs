@@ -6,12 +6,16 @@
 use iolift_direct::fs::{fsck, mkfs, Fs, Mkfs};
 use iolift_direct::{Config, Direct, Engine, Open, Target};
 use iolift_kv::bench::{run, BenchOpts};
-use iolift_kv::{AccelEnv, EnvConfig, PosixSyncEnv};
+use iolift_kv::{AccelEnv, EnvConfig, PosixSyncEnv, SyncMode};
 use rusty_leveldb::{LdbIterator, Options, DB};
 use std::path::Path;
 use std::rc::Rc;
 
 fn accel(image: &Path, fresh: bool, cache_blocks: usize) -> AccelEnv {
+    accel_sync(image, fresh, cache_blocks, SyncMode::Hard)
+}
+
+fn accel_sync(image: &Path, fresh: bool, cache_blocks: usize, sync: SyncMode) -> AccelEnv {
     let t = Target::open(
         image,
         &Open {
@@ -37,6 +41,7 @@ fn accel(image: &Path, fresh: bool, cache_blocks: usize) -> AccelEnv {
     let cfg = EnvConfig {
         cache_blocks,
         cache_budget: cache_blocks * 4,
+        sync,
     };
     AccelEnv::new(Fs::mount(eng).unwrap(), &cfg, None)
 }
@@ -183,5 +188,58 @@ fn bad_options_are_named() {
     ] {
         let e = run(&o, &opt, Path::new("/nonexistent/db"), &mut out).unwrap_err();
         assert!(e.contains(what), "{e}");
+    }
+}
+
+fn flushes(env: &AccelEnv) -> u64 {
+    env.with_fs(|fs| Ok(fs.engine().stats().flushes)).unwrap()
+}
+
+/// Every key of the database on a copy of `image` taken now (what the
+/// disk holds if the process were killed at this point).
+fn dump_copy(image: &Path, copy: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    std::fs::copy(image, copy).unwrap();
+    let env = accel(copy, false, 16);
+    let opt = options(Box::new(env.clone()));
+    let d = dump(&opt, "/db");
+    drop(opt);
+    env.unmount().unwrap();
+    d
+}
+
+/// A hard sync ends with a device flush, a soft sync does not; with
+/// either, every synced write is on the disk when the write returns (a
+/// copy of the image taken then, without unmounting, holds it).
+#[test]
+fn soft_sync_writes_back_without_device_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, name) in [(SyncMode::Hard, "hard"), (SyncMode::Soft, "soft")] {
+        let image = dir.path().join(format!("{name}.img"));
+        let env = accel_sync(&image, true, 16, mode);
+        let opt = options(Box::new(env.clone()));
+        let mut db = DB::open("/db", opt.clone()).unwrap();
+        let before = flushes(&env);
+        let n = 300;
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..n {
+            let k = format!("key{:06}", (i * 7919) % 1000);
+            let v = format!("value {i} {name}");
+            let mut b = rusty_leveldb::WriteBatch::default();
+            b.put(k.as_bytes(), v.as_bytes());
+            db.write(b, true).unwrap();
+            want.insert(k.into_bytes(), v.into_bytes());
+        }
+        let f = flushes(&env) - before;
+        match mode {
+            SyncMode::Hard => assert!(f >= n, "{name}: {f} flushes for {n} syncs"),
+            SyncMode::Soft => assert_eq!(f, 0, "{name}: no device flush"),
+        }
+        let got = dump_copy(&image, &dir.path().join(format!("{name}.copy")));
+        let want: Vec<_> = want.into_iter().collect();
+        assert_eq!(got.len(), want.len(), "{name}: every synced key on disk");
+        assert!(got == want, "{name}: every synced value on disk");
+        drop(db);
+        drop(opt);
+        env.unmount().unwrap();
     }
 }

@@ -39,6 +39,7 @@ fn env(image: &Path) -> AccelEnv {
     let cfg = EnvConfig {
         cache_blocks: 32,
         cache_budget: BUDGET,
+        ..EnvConfig::default()
     };
     AccelEnv::new(Fs::mount(eng).unwrap(), &cfg, None)
 }
