@@ -10,6 +10,8 @@
 #   ONLY='_4k_qd(1|32)$' bench/nbd.sh   # only the jobs whose name matches
 #   IOLIFT_ARGS="--poll-us 50" bench/nbd.sh  # extra flags for the iolift column
 #   IOLIFT=PATH bench/nbd.sh     # this iolift binary, no build step
+#   FLOOR=1 bench/nbd.sh         # QD1 floor: a minimal responder, nbdkit
+#                                # null/memory, iolift null/memory (below)
 #
 # Per repeat and server: start a fresh server on a unix socket with a 1 GiB
 # export, fill it with fio (so reads return real data), then run
@@ -130,6 +132,206 @@ run_one() { # server rep
     peak_kib "$SERVER_PID" >"$WORK/${srv}_${rep}.rss"
     stop_server
 }
+
+# FLOOR=1: what QD1 p50 any server can reach through this client and
+# kernel path, instead of the jobs above. 4k randread/randwrite at QD1
+# (RUNTIME s, R repeats, servers in a rotating order) against:
+#   floor        a minimal responder (C, compiled here with cc): one thread
+#                per connection, blocking recv of each request, one
+#                writev/send of its reply, zeros for reads, writes dropped;
+#                no thread hand-off, no event loop: the least a server can do
+#   floor-spin   the same, spinning on a non-blocking recv (never sleeps)
+#   nbdkit-null, nbdkit (memory), iolift-null, iolift-null-auto
+#   (--poll-us auto), iolift (memory), each with the flags used above,
+#   each export written once first (as above).
+# Prints per server: IOPS, p50, p99, fio's own CPU per I/O (the client's
+# share of each round trip), the server's CPU per I/O, and p50 as a ratio
+# of nbdkit memory's; then whether the floor reaches 0.5x.
+floor_src() {
+cat <<'CEOF'
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+static int spin;
+static int rd(int fd, void *p, size_t n) {
+    char *c = p;
+    while (n) {
+        ssize_t k = recv(fd, c, n, spin ? MSG_DONTWAIT : 0);
+        if (k > 0) { c += k; n -= (size_t)k; continue; }
+        if (k == 0) return -1;
+        if (errno == EAGAIN || errno == EINTR) continue;
+        return -1;
+    }
+    return 0;
+}
+static int wrv(int fd, struct iovec *v, int cnt) {
+    while (cnt) {
+        ssize_t k = writev(fd, v, cnt);
+        if (k < 0) { if (errno == EINTR) continue; return -1; }
+        while (cnt && (size_t)k >= v->iov_len) { k -= (ssize_t)v->iov_len; v++; cnt--; }
+        if (cnt) { v->iov_base = (char *)v->iov_base + k; v->iov_len -= (size_t)k; }
+    }
+    return 0;
+}
+static int wr(int fd, const void *p, size_t n) {
+    struct iovec v = {(void *)p, n};
+    return wrv(fd, &v, 1);
+}
+static void be32(unsigned char *p, uint32_t x) { x = htobe32(x); memcpy(p, &x, 4); }
+static void be64(unsigned char *p, uint64_t x) { x = htobe64(x); memcpy(p, &x, 8); }
+static uint32_t get32(const unsigned char *p) { uint32_t x; memcpy(&x, p, 4); return be32toh(x); }
+static int optrep(int fd, uint32_t opt, uint32_t type, const void *d, uint32_t len) {
+    unsigned char h[20];
+    be64(h, 0x3e889045565a9ULL); be32(h + 8, opt); be32(h + 12, type); be32(h + 16, len);
+    if (wr(fd, h, 20)) return -1;
+    return len ? wr(fd, d, len) : 0;
+}
+#define MAXLEN (32u << 20)
+static void *conn(void *arg) {
+    int fd = (int)(intptr_t)arg;
+    unsigned char *buf = malloc(MAXLEN), g[18], oh[16], info[12], h[28], r[16];
+    uint32_t cf;
+    if (!buf) goto out;
+    memset(buf, 0, MAXLEN);
+    be64(g, 0x4e42444d41474943ULL); be64(g + 8, 0x49484156454F5054ULL); g[16] = 0; g[17] = 3;
+    if (wr(fd, g, 18) || rd(fd, &cf, 4)) goto out;
+    for (;;) { /* options: GO and EXPORT_NAME are answered, others unsupported */
+        if (rd(fd, oh, 16)) goto out;
+        uint32_t opt = get32(oh + 8), len = get32(oh + 12);
+        if (len > MAXLEN || rd(fd, buf, len)) goto out;
+        memset(info, 0, sizeof info); be64(info + 2, 1ULL << 30); info[11] = 1; /* HAS_FLAGS */
+        if (opt == 1) { if (wr(fd, info + 2, 10)) goto out; break; }
+        if (opt == 7) { if (optrep(fd, 7, 3, info, 12) || optrep(fd, 7, 1, NULL, 0)) goto out; break; }
+        if (opt == 2) goto out;
+        if (optrep(fd, opt, 0x80000001u, NULL, 0)) goto out;
+    }
+    memset(buf, 0, MAXLEN);
+    for (;;) { /* transmission: simple replies */
+        if (rd(fd, h, 28)) goto out;
+        uint16_t type = (uint16_t)(h[6] << 8 | h[7]);
+        uint32_t len = get32(h + 24);
+        if (type == 2) goto out;
+        be32(r, 0x67446698); be32(r + 4, 0); memcpy(r + 8, h + 8, 8);
+        if (type == 1 && (len > MAXLEN || rd(fd, buf, len))) goto out;
+        struct iovec v[2] = {{r, 16}, {buf, type == 0 && len <= MAXLEN ? len : 0}};
+        if (type == 0 && len > MAXLEN) be32(r + 4, 22);
+        if (wrv(fd, v, 2)) goto out;
+    }
+out:
+    free(buf);
+    close(fd);
+    return NULL;
+}
+int main(int argc, char **argv) {
+    if (argc < 3) { fprintf(stderr, "usage: floor SOCKET SPIN(0|1)\n"); return 2; }
+    spin = atoi(argv[2]);
+    int l = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    strncpy(a.sun_path, argv[1], sizeof a.sun_path - 1);
+    if (bind(l, (void *)&a, sizeof a) || listen(l, 16)) { perror("bind"); return 1; }
+    for (;;) {
+        int fd = accept(l, NULL, NULL);
+        pthread_t t;
+        if (fd >= 0 && pthread_create(&t, NULL, conn, (void *)(intptr_t)fd) == 0) pthread_detach(t);
+        else if (fd >= 0) close(fd);
+    }
+}
+CEOF
+}
+
+start_floor_server() { # $1 = server name, $2 = socket
+    rm -f "$2"
+    case $1 in
+        floor) "$WORK/floor" "$2" 0 2>"$WORK/$1.log" & ;;
+        floor-spin) "$WORK/floor" "$2" 1 2>"$WORK/$1.log" & ;;
+        nbdkit-null) nbdkit -f -U "$2" null "$SIZE" 2>"$WORK/$1.log" & ;;
+        nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
+        iolift-null) "$IOLIFT" serve --socket "$2" --threads "$THREADS" $IOLIFT_ARGS "null:$SIZE" 2>"$WORK/$1.log" & ;;
+        iolift-null-auto) "$IOLIFT" serve --socket "$2" --threads "$THREADS" --poll-us auto "null:$SIZE" 2>"$WORK/$1.log" & ;;
+        iolift) "$IOLIFT" serve --socket "$2" --threads "$THREADS" $IOLIFT_ARGS "memory:$SIZE" 2>"$WORK/$1.log" & ;;
+    esac
+    SERVER_PID=$!
+    wait_socket "$1" "$2"
+}
+
+run_floor() {
+    local servers=(nbdkit-null nbdkit iolift-null iolift-null-auto iolift)
+    if command -v cc >/dev/null && floor_src | cc -O2 -pthread -x c -o "$WORK/floor" -; then
+        servers=(floor floor-spin "${servers[@]}")
+    else
+        echo "no C compiler (or it failed): running without the minimal responder" >&2
+    fi
+    echo "== FLOOR: $R repeats x ${#servers[@]} servers x 2 jobs x ${RUNTIME}s, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)${BUSY:+, BUSY=$BUSY}" >&2
+    start_busy
+    local n=${#servers[@]}
+    for rep in $(seq 1 "$R"); do
+        for i in $(seq 0 $((n - 1))); do
+            local srv=${servers[$(((i + rep - 1) % n))]} sock=$WORK/floor.sock
+            start_floor_server "$srv" "$sock"
+            # as in the jobs above: reads return written data, writes
+            # overwrite (no page allocation on the measured path)
+            fio --name=fill --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw=write --bs=1M --iodepth=8 \
+                --size="$SIZE" --output-format=json >"$WORK/fill.json" 2>/dev/null
+            for rw in randread randwrite; do
+                local c0 c1
+                c0=$(cpu_ticks "$SERVER_PID")
+                fio --name="${rw}_4k_qd1" --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw=$rw --bs=4k \
+                    --iodepth=1 --size="$SIZE" --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
+                    --output-format=json >"$WORK/floor_${srv}_${rep}_$rw.out" 2>/dev/null
+                c1=$(cpu_ticks "$SERVER_PID")
+                echo $((c1 - c0)) >"$WORK/floor_${srv}_${rep}_$rw.cpu"
+            done
+            echo "   $srv rep $rep done" >&2
+            stop_server
+        done
+    done
+    stop_busy
+    echo "== done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    "$PY" - "$WORK" "$(getconf CLK_TCK)" "${servers[@]}" <<'EOF'
+import glob, json, os, statistics, sys
+d, clk, servers = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows = {}
+for f in glob.glob(os.path.join(d, "floor_*.out")):
+    srv, rep, rw = os.path.basename(f)[len("floor_"):-len(".out")].rsplit("_", 2)
+    text = open(f).read()
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    io = j["read" if rw == "randread" else "write"]
+    n = max(io["total_ios"], 1)
+    secs = j["job_runtime"] / 1000
+    ticks = int(open(f[:-4] + ".cpu").read())
+    pct = io["clat_ns"]["percentile"]
+    rows.setdefault((srv, rw), []).append((
+        io["iops"], pct["50.000000"] / 1000, pct["99.000000"] / 1000,
+        (j["usr_cpu"] + j["sys_cpu"]) / 100 * secs / n * 1e6, ticks / clk / n * 1e6))
+med = {k: [statistics.median(c) for c in zip(*v)] for k, v in rows.items()}
+for rw in ("randread", "randwrite"):
+    base = med.get(("nbdkit", rw))
+    print("\n4k %s QD1, medians of %d (p50 ratio: to nbdkit memory's)" % (rw, len(rows.get(("nbdkit", rw), []))))
+    print("  %-17s %8s %8s %8s %12s %12s %9s" % ("server", "IOPS", "p50 us", "p99 us", "fio CPU/IO", "srv CPU/IO", "p50 ratio"))
+    for s in servers:
+        m = med.get((s, rw))
+        if m:
+            print("  %-17s %8.0f %8.1f %8.1f %12.1f %12.1f %9s" % (s, *m, "%.2f" % (m[1] / base[1]) if base else "-"))
+    f = med.get(("floor", rw))
+    if f and base:
+        x = f[1] / base[1]
+        print("  floor p50 / nbdkit p50 = %.2f: 0.5x is %s through this client and kernel path" % (
+            x, "reachable" if x <= 0.5 else "NOT reachable"))
+EOF
+}
+
+if [[ ${FLOOR:-0} != 0 ]]; then
+    run_floor
+    exit 0
+fi
 
 echo "== $R repeats x ${#JOBS[@]} jobs x ${RUNTIME}s, export $SIZE, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)${BUSY:+, BUSY=$BUSY}" >&2
 start_busy
