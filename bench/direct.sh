@@ -92,6 +92,13 @@ if [[ ${FIG:-} == 5 ]]; then
     trap cleanup5 EXIT
     span_bytes=$(numfmt --from=iec "$SPAN")
     head -c "$span_bytes" /dev/zero >"$WORK/raw.img"
+    # Written through the page cache: drop its pages, or the first O_DIRECT
+    # write to each of them through io_uring cannot go without blocking
+    # (the page must be invalidated) and is handed to an io-wq worker
+    # thread, while pwrite invalidates it in line; whichever path wrote an
+    # offset first would pay for every path after it.
+    sync "$WORK/raw.img"
+    "$PY" -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$WORK/raw.img"
     "$IOLIFT" accelfs mkfs --size $((span_bytes * 2)) "$WORK/accel.img" >/dev/null
     truncate -s $((span_bytes * 2)) "$WORK/ext4.img"
     mkfs.ext4 -q -F "$WORK/ext4.img"
