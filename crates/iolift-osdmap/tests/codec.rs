@@ -6,25 +6,9 @@
 
 use iolift_osdmap::types::POOL_ERASURE;
 use iolift_osdmap::{decode, encode, OsdMapError, PgId};
-use std::path::{Path, PathBuf};
+use iolift_testkit::ceph_tools::{crush_build_straw2, ToolDir};
+use std::path::Path;
 use std::process::Command;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("iolift-osdmap-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn tool(name: &str, args: &[&str]) -> (bool, String) {
     let o = Command::new(name)
@@ -39,12 +23,7 @@ fn tool(name: &str, args: &[&str]) -> (bool, String) {
 /// `osdmaptool --createsimple N EXTRA...` into `dir/name`.
 fn createsimple(dir: &Path, name: &str, n: u32, extra: &[&str]) -> Vec<u8> {
     let p = dir.join(name);
-    let ps = p.to_str().unwrap();
-    let ns = n.to_string();
-    let mut args = vec!["--createsimple", &ns, "--clobber", ps];
-    args.extend_from_slice(extra);
-    let (ok, out) = tool("osdmaptool", &args);
-    assert!(ok, "osdmaptool {args:?}: {out}");
+    iolift_testkit::ceph_tools::createsimple(&p, n, extra);
     std::fs::read(&p).unwrap()
 }
 
@@ -57,26 +36,7 @@ fn big_map(dir: &Path) -> Vec<u8> {
         &["--with-default-pool", "--pg-bits", "5"],
     );
     let c = dir.join("big.crush");
-    let (ok, out) = tool(
-        "crushtool",
-        &[
-            "--build",
-            "--num_osds",
-            "1000",
-            "host",
-            "straw2",
-            "10",
-            "rack",
-            "straw2",
-            "10",
-            "root",
-            "straw2",
-            "0",
-            "-o",
-            c.to_str().unwrap(),
-        ],
-    );
-    assert!(ok, "crushtool --build: {out}");
+    crush_build_straw2(&c, 1000, &[("host", 10), ("rack", 10)]);
     let m = dir.join("big.bin");
     let (ok, out) = tool(
         "osdmaptool",
@@ -108,15 +68,12 @@ fn maps(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn decode_encode_is_byte_identical() {
-    let dir = TempDir::new("rt");
-    for (name, bytes) in maps(&dir.0) {
+    let dir = ToolDir::new("osdmap-rt");
+    for (name, bytes) in maps(dir.path()) {
         let m = decode(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(encode(&m), bytes, "{name}: re-encoding differs");
         // the fields the tool prints agree with what was decoded
-        let (ok, out) = tool(
-            "osdmaptool",
-            &[dir.0.join("x").to_str().unwrap(), "--print"],
-        );
+        let (ok, out) = tool("osdmaptool", &[dir.file("x").to_str().unwrap(), "--print"]);
         assert!(!ok, "no map at x: {out}");
         if let Some(p) = m.pools.get(&1) {
             assert_eq!(p.name, "rbd", "{name}");
@@ -129,8 +86,8 @@ fn decode_encode_is_byte_identical() {
 
 #[test]
 fn truncated_and_corrupt_maps_are_errors() {
-    let dir = TempDir::new("bad");
-    let bytes = createsimple(&dir.0, "b.bin", 4, &["--with-default-pool"]);
+    let dir = ToolDir::new("osdmap-bad");
+    let bytes = createsimple(dir.path(), "b.bin", 4, &["--with-default-pool"]);
     for n in 0..bytes.len() {
         match decode(&bytes[..n]) {
             Ok(_) => panic!("a map cut at {n} of {} decoded", bytes.len()),
@@ -183,8 +140,8 @@ fn truncated_and_corrupt_maps_are_errors() {
 
 #[test]
 fn edited_maps_are_read_by_osdmaptool() {
-    let dir = TempDir::new("edit");
-    let bytes = big_map(&dir.0);
+    let dir = ToolDir::new("osdmap-edit");
+    let bytes = big_map(dir.path());
     let mut m = decode(&bytes).unwrap();
     for o in 0..m.max_osd {
         m.mark_up_in(o).unwrap();
@@ -211,7 +168,7 @@ fn edited_maps_are_read_by_osdmaptool() {
     assert_eq!((again.pools[&4].size, again.pools[&4].pg_num), (5, 64));
     assert_eq!(again.pg_temp, m.pg_temp);
     assert_eq!(again.primary_affinity, m.primary_affinity);
-    let p = dir.0.join("edited.bin");
+    let p = dir.file("edited.bin");
     std::fs::write(&p, &enc).unwrap();
     let (ok, out) = tool("osdmaptool", &[p.to_str().unwrap(), "--print"]);
     assert!(ok, "osdmaptool --print of our map: {out}");

@@ -8,47 +8,17 @@
 
 use iolift_osdmap::types::{OsdMap, PgId};
 use iolift_osdmap::{decode, encode};
+use iolift_testkit::ceph_tools::ToolDir;
+use iolift_testkit::tool_ok;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("iolift-osdtools-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn osdmaptool(args: &[&str]) -> String {
-    let o = Command::new("osdmaptool")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("missing osdmaptool ({e}): run scripts/test.sh, which installs it")
-        });
-    assert!(
-        o.status.success(),
-        "osdmaptool {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
+    tool_ok("osdmaptool", args)
 }
 
 fn createsimple(dir: &Path, name: &str, n: u32, extra: &[&str]) -> PathBuf {
     let p = dir.join(name);
-    let ns = n.to_string();
-    let mut args = vec!["--createsimple", &ns, "--clobber", p.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    osdmaptool(&args);
+    iolift_testkit::ceph_tools::createsimple(&p, n, extra);
     p
 }
 
@@ -62,7 +32,7 @@ fn same_print(m: &OsdMap, p: &Path) {
 
 #[test]
 fn print_equals_osdmaptool() {
-    let d = TempDir::new("print");
+    let d = ToolDir::new("osdtools-print");
     for (name, n, extra) in [
         ("a", 4, vec!["--with-default-pool"]),
         ("b", 3, vec![]),
@@ -72,13 +42,13 @@ fn print_equals_osdmaptool() {
             vec!["--with-default-pool", "--pg_bits", "3", "--pgp_bits", "2"],
         ),
     ] {
-        let p = createsimple(&d.0, name, n, &extra);
+        let p = createsimple(d.path(), name, n, &extra);
         let m = decode(&std::fs::read(&p).unwrap()).unwrap();
         same_print(&m, &p);
     }
     // a map edited through the library: OSDs that exist, up or down, in,
     // out or reweighted, an affinity, temps, upmaps, a second pool
-    let p = createsimple(&d.0, "e", 8, &["--with-default-pool"]);
+    let p = createsimple(d.path(), "e", 8, &["--with-default-pool"]);
     let mut m = decode(&std::fs::read(&p).unwrap()).unwrap();
     for o in 0..7 {
         m.mark_up_in(o).unwrap();
@@ -99,7 +69,7 @@ fn print_equals_osdmaptool() {
 
 #[test]
 fn createsimple_equals_osdmaptool() {
-    let d = TempDir::new("create");
+    let d = ToolDir::new("osdtools-create");
     for (n, pool, pg_bits, pgp_bits) in [
         (1, false, 6, 6),
         (4, true, 6, 6),
@@ -112,7 +82,7 @@ fn createsimple_equals_osdmaptool() {
         if pool {
             extra.push("--with-default-pool");
         }
-        let p = createsimple(&d.0, "m", n, &extra);
+        let p = createsimple(d.path(), "m", n, &extra);
         let want = std::fs::read(&p).unwrap();
         let theirs = decode(&want).unwrap();
         let mut m =

@@ -19,6 +19,9 @@
 //!   `sync`, and the `qemu-img` calls several tests repeat.
 //! - [`ceph`]: one local Ceph cluster shared by the test binaries of a
 //!   suite run ([`ceph::shared_cluster`]), each test in a pool of its own.
+//! - [`ceph_tools`]: maps made by `osdmaptool` and `crushtool`
+//!   ([`ceph_tools::createsimple`], [`ceph_tools::crush_build_straw2`]) in a
+//!   scratch [`ceph_tools::ToolDir`].
 //! - [`guest`]: boot a throw-away QEMU guest and run one test script in it
 //!   (for tests of the kernel's own clients).
 //!
@@ -26,6 +29,7 @@
 //! which installs it"; nothing here skips a test silently.
 
 pub mod ceph;
+pub mod ceph_tools;
 pub mod crushmap;
 pub mod data;
 pub mod disk;

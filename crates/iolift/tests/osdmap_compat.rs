@@ -10,6 +10,7 @@
 
 use iolift_osdmap::types::POOL_ERASURE;
 use iolift_osdmap::PgId;
+use iolift_testkit::ceph_tools::{createsimple, crush_build_straw2, ToolDir};
 use iolift_testkit::{tool_ok as ok, tool_output as run};
 use std::path::{Path, PathBuf};
 
@@ -47,37 +48,9 @@ fn same(map: &Path, args: &[&str]) {
     assert!(c1 != 0 || !o1.is_empty(), "{args:?}: no output");
 }
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let p =
-            std::env::temp_dir().join(format!("iolift-osdmap-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn createsimple(p: &Path, n: u32, extra: &[&str]) {
-    let ns = n.to_string();
-    let mut a = vec!["--createsimple", &ns, "--clobber", p.to_str().unwrap()];
-    a.extend_from_slice(extra);
-    ok("osdmaptool", &a);
-}
-
 #[test]
 fn createsimple_maps() {
-    let d = Dir::new("simple");
+    let d = ToolDir::new("osdmap-cli-simple");
     let a = d.file("a.bin");
     createsimple(&a, 4, &[]);
     same(&a, &["--test-map-pgs"]);
@@ -116,30 +89,12 @@ fn createsimple_maps() {
 
 /// A 1000-OSD map: 10 racks of 10 hosts of 10 OSDs, straw2, with a
 /// replicated and an erasure rule, imported into a --createsimple map.
-fn big(d: &Dir) -> PathBuf {
+fn big(d: &ToolDir) -> PathBuf {
     let m = d.file("big.bin");
     createsimple(&m, 1000, &["--with-default-pool", "--pg-bits", "2"]);
     let c = d.file("big.crush");
     let cs = c.to_str().unwrap();
-    ok(
-        "crushtool",
-        &[
-            "--build",
-            "--num_osds",
-            "1000",
-            "host",
-            "straw2",
-            "10",
-            "rack",
-            "straw2",
-            "10",
-            "root",
-            "straw2",
-            "0",
-            "-o",
-            cs,
-        ],
-    );
+    crush_build_straw2(&c, 1000, &[("host", 10), ("rack", 10)]);
     let mut text = ok("crushtool", &["-d", cs]);
     let end = text.rfind("# end crush map").unwrap();
     text.insert_str(
@@ -157,7 +112,7 @@ fn big(d: &Dir) -> PathBuf {
 
 #[test]
 fn big_map_with_pools_upmaps_temps_and_affinity() {
-    let d = Dir::new("big");
+    let d = ToolDir::new("osdmap-cli-big");
     let m = big(&d);
     let ms = m.to_str().unwrap();
     // Pools of both kinds, through the library.
@@ -289,7 +244,7 @@ fn big_map_with_pools_upmaps_temps_and_affinity() {
 
 #[test]
 fn bad_input_is_one_error_line() {
-    let d = Dir::new("bad");
+    let d = ToolDir::new("osdmap-cli-bad");
     let b = d.file("b.bin");
     createsimple(&b, 4, &["--with-default-pool"]);
     let bytes = std::fs::read(&b).unwrap();

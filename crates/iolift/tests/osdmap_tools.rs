@@ -6,29 +6,9 @@
 //! changed, and the shards they count per OSD, must be what comparing
 //! osdmaptool's `--test-map-pgs-dump-all` of the two maps gives.
 
+use iolift_testkit::ceph_tools::{createsimple, crush_build_straw2, ToolDir};
 use iolift_testkit::{tool_ok as ok, tool_output as run};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("iolift-osdtools-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn p(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn iolift(args: &[&str]) -> String {
     let mut a = vec!["osdmap"];
@@ -45,7 +25,7 @@ fn without_times(s: &str) -> String {
 
 #[test]
 fn print_and_createsimple_match_osdmaptool() {
-    let d = TempDir::new("create");
+    let d = ToolDir::new("osdtools-create");
     for (n, extra) in [
         ("4", vec!["--with-default-pool"]),
         ("3", vec![]),
@@ -218,37 +198,15 @@ fn check_report(report: &str, want: &(Vec<String>, BTreeMap<i32, (u64, u64)>), w
 /// A 64-OSD map: 60 OSDs in 6 straw2 hosts under root "root" (crushtool
 /// --build) plus an erasure rule, OSDs 0..63 up and in; pools: rbd (1,
 /// replicated, 512 PGs) and an erasure pool 2 (k+m = 4, 256 PGs).
-fn test_map(d: &TempDir) -> String {
+fn test_map(d: &ToolDir) -> String {
     let m = d.p("old.bin");
-    ok(
-        "osdmaptool",
-        &[
-            "--createsimple",
-            "64",
-            "--clobber",
-            "--with-default-pool",
-            "--pg_bits",
-            "3",
-            &m,
-        ],
+    createsimple(
+        &d.file("old.bin"),
+        64,
+        &["--with-default-pool", "--pg_bits", "3"],
     );
     let c = d.p("c.bin");
-    ok(
-        "crushtool",
-        &[
-            "--build",
-            "--num_osds",
-            "60",
-            "host",
-            "straw2",
-            "10",
-            "root",
-            "straw2",
-            "0",
-            "-o",
-            &c,
-        ],
-    );
+    crush_build_straw2(&d.file("c.bin"), 60, &[("host", 10)]);
     let text = ok("crushtool", &["-d", &c]);
     let ec_rule = "rule ec_rule {\n\tid 1\n\ttype erasure\n\tmin_size 3\n\tmax_size 6\n\t\
                    step set_chooseleaf_tries 5\n\tstep take root\n\t\
@@ -273,7 +231,7 @@ fn dump(map: &str, extra: &[&str]) -> String {
 
 #[test]
 fn diff_and_what_if_agree_with_osdmaptool() {
-    let d = TempDir::new("diff");
+    let d = ToolDir::new("osdtools-diff");
     let old = test_map(&d);
     let base = dump(&old, &[]);
 
@@ -410,7 +368,7 @@ fn diff_and_what_if_agree_with_osdmaptool() {
 /// the shards counted and the sizes in the file.
 #[test]
 fn diff_bytes_from_pg_dump() {
-    let d = TempDir::new("bytes");
+    let d = ToolDir::new("osdtools-bytes");
     let old = test_map(&d);
     let n = iolift_osdmap::decode(&std::fs::read(&old).unwrap()).unwrap();
     // every PG of pool 1 holds 4096 * (seed + 1) bytes, of pool 2 8192

@@ -7,9 +7,9 @@
 
 use iolift_osdmap::types::OsdMap;
 use iolift_osdmap::PgId;
+use iolift_testkit::ceph_tools::{createsimple, crush_build_straw2, ToolDir};
 use iolift_testkit::{tool_ok as ok, tool_output as run};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 fn ours(args: &[&str]) -> (i32, String, String) {
     let mut a = vec!["osdmap"];
@@ -17,58 +17,17 @@ fn ours(args: &[&str]) -> (i32, String, String) {
     run(env!("CARGO_BIN_EXE_iolift"), &a)
 }
 
-struct Dir(PathBuf);
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("iolift-upmap-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn p(&self, f: &str) -> String {
-        self.0.join(f).to_str().unwrap().to_string()
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// OSDS OSDs, 10 per host (host = osd / 10), 10 hosts per rack, uneven
 /// weights, all up and in; pool 1 "rbd", size 3, OSDS << bits PGs.
-fn make_map(d: &Dir, osds: u32, bits: u32) -> String {
-    let (m, n) = (d.p("m"), osds.to_string());
-    ok(
-        "osdmaptool",
-        &[
-            "--createsimple",
-            &n,
-            "--with-default-pool",
-            "--pg-bits",
-            &bits.to_string(),
-            "--clobber",
-            &m,
-        ],
+fn make_map(d: &ToolDir, osds: u32, bits: u32) -> String {
+    let m = d.p("m");
+    let bits = bits.to_string();
+    createsimple(
+        &d.file("m"),
+        osds,
+        &["--with-default-pool", "--pg-bits", &bits],
     );
-    ok(
-        "crushtool",
-        &[
-            "--build",
-            "--num_osds",
-            &n,
-            "host",
-            "straw2",
-            "10",
-            "rack",
-            "straw2",
-            "10",
-            "root",
-            "straw2",
-            "0",
-            "-o",
-            &d.p("c"),
-        ],
-    );
+    crush_build_straw2(&d.file("c"), osds, &[("host", 10), ("rack", 10)]);
     let text = ok("crushtool", &["-d", &d.p("c")]);
     let edited: String = text
         .lines()
@@ -141,7 +100,7 @@ fn parse_cmds(text: &str) -> BTreeMap<PgId, Vec<(i32, i32)>> {
 
 #[test]
 fn saved_map_is_valid_for_osdmaptool_and_balanced() {
-    let d = Dir::new("save");
+    let d = ToolDir::new("upmap-save");
     let m = make_map(&d, 300, 4);
     let orig = iolift_osdmap::decode(&std::fs::read(&m).unwrap()).unwrap();
     let before_sets = up_sets(&m);
@@ -229,7 +188,7 @@ fn saved_map_is_valid_for_osdmaptool_and_balanced() {
 
 #[test]
 fn cleanup_removes_what_osdmaptool_removes() {
-    let d = Dir::new("clean");
+    let d = ToolDir::new("upmap-clean");
     let m = make_map(&d, 100, 3);
     let mut map = iolift_osdmap::decode(&std::fs::read(&m).unwrap()).unwrap();
     let mut mapper = iolift_osdmap::Mapper::new(&map);
@@ -274,7 +233,7 @@ fn cleanup_removes_what_osdmaptool_removes() {
 
 #[test]
 fn bad_flags_are_clear_errors() {
-    let d = Dir::new("bad");
+    let d = ToolDir::new("upmap-bad");
     let m = make_map(&d, 20, 2);
     for (args, want) in [
         (
@@ -297,5 +256,4 @@ fn bad_flags_are_clear_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
-    let _ = Path::new(&m);
 }

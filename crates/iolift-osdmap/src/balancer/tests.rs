@@ -5,65 +5,24 @@
 
 use super::{calc_pool, clean};
 use crate::types::{OsdMap, PgId};
-use std::path::{Path, PathBuf};
+use iolift_testkit::ceph_tools::{createsimple, crush_build_straw2, ToolDir};
+use iolift_testkit::tool_ok as sh;
 use std::process::Command;
 
 fn have(tool: &str) -> bool {
     Command::new(tool).arg("--help").output().is_ok()
 }
 
-fn sh(prog: &str, args: &[&str]) -> String {
-    let o = Command::new(prog).args(args).output().expect(prog);
-    assert!(
-        o.status.success(),
-        "{prog} {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-struct Scratch(PathBuf);
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// 200 OSDs, 10 per host, 10 hosts per rack, uneven weights, all up and
 /// in; one size-3 pool of 6400 PGs whose rule puts replicas on hosts.
-fn make_map(dir: &Path) -> OsdMap {
-    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
-    sh(
-        "osdmaptool",
-        &[
-            "--createsimple",
-            "200",
-            "--with-default-pool",
-            "--pg-bits",
-            "5",
-            "--clobber",
-            &p("m"),
-        ],
+fn make_map(dir: &ToolDir) -> OsdMap {
+    let p = |f: &str| dir.p(f);
+    createsimple(
+        &dir.file("m"),
+        200,
+        &["--with-default-pool", "--pg-bits", "5"],
     );
-    sh(
-        "crushtool",
-        &[
-            "--build",
-            "--num_osds",
-            "200",
-            "host",
-            "straw2",
-            "10",
-            "rack",
-            "straw2",
-            "10",
-            "root",
-            "straw2",
-            "0",
-            "-o",
-            &p("c"),
-        ],
-    );
+    crush_build_straw2(&dir.file("c"), 200, &[("host", 10), ("rack", 10)]);
     let text = sh("crushtool", &["-d", &p("c")]);
     let mut out = String::new();
     for l in text.lines() {
@@ -137,11 +96,9 @@ fn balanced_map_is_valid_for_osdmaptool_and_closer_to_targets() {
         eprintln!("SKIPPED: needs osdmaptool and crushtool (apt install ceph-base)");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("iolift-upmap-unit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let _g = Scratch(dir.clone());
+    let dir = ToolDir::new("upmap-unit");
     let mut m = make_map(&dir);
-    let file = dir.join("m").to_str().unwrap().to_string();
+    let file = dir.p("m");
     std::fs::write(&file, crate::encode(&m)).unwrap();
     let before = max_dev(&m, &osdmaptool_up(&file));
 
