@@ -139,8 +139,13 @@ run_one() { # server rep
 #   floor        a minimal responder (C, compiled here with cc): one thread
 #                per connection, blocking recv of each request, one
 #                writev/send of its reply, zeros for reads, writes dropped;
-#                no thread hand-off, no event loop: the least a server can do
-#   floor-spin   the same, spinning on a non-blocking recv (never sleeps)
+#                no thread hand-off, no event loop: the least a server can
+#                do. It agrees to structured replies as iolift and nbdkit
+#                do (reads answered with one OFFSET_DATA chunk), since
+#                libnbd receives those in four recvs against two for a
+#                simple reply
+#   floor-simple the same, refusing structured replies (simple replies)
+#   floor-spin   floor, spinning on a non-blocking recv (never sleeps)
 #   nbdkit-null, nbdkit (memory), iolift-null, iolift-null-auto
 #   (--poll-us auto), iolift (memory), each with the flags used above,
 #   each export written once first (as above).
@@ -160,7 +165,7 @@ cat <<'CEOF'
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
-static int spin;
+static int spin, sr;
 static int rd(int fd, void *p, size_t n) {
     char *c = p;
     while (n) {
@@ -211,6 +216,7 @@ static void *conn(void *arg) {
         if (opt == 1) { if (wr(fd, info + 2, 10)) goto out; break; }
         if (opt == 7) { if (optrep(fd, 7, 3, info, 12) || optrep(fd, 7, 1, NULL, 0)) goto out; break; }
         if (opt == 2) goto out;
+        if (opt == 8 && sr) { if (optrep(fd, 8, 1, NULL, 0)) goto out; continue; }
         if (optrep(fd, opt, 0x80000001u, NULL, 0)) goto out;
     }
     memset(buf, 0, MAXLEN);
@@ -221,8 +227,16 @@ static void *conn(void *arg) {
         if (type == 2) goto out;
         be32(r, 0x67446698); be32(r + 4, 0); memcpy(r + 8, h + 8, 8);
         if (type == 1 && (len > MAXLEN || rd(fd, buf, len))) goto out;
+        if (type == 0 && len <= MAXLEN && sr) { /* OFFSET_DATA chunk, flag DONE */
+            unsigned char c[28];
+            be32(c, 0x668e33ef); c[4] = 0; c[5] = 1; c[6] = 0; c[7] = 1;
+            memcpy(c + 8, h + 8, 8); be32(c + 16, 8 + len); memcpy(c + 20, h + 16, 8);
+            struct iovec v[2] = {{c, 28}, {buf, len}};
+            if (wrv(fd, v, 2)) goto out;
+            continue;
+        }
         struct iovec v[2] = {{r, 16}, {buf, type == 0 && len <= MAXLEN ? len : 0}};
-        if (type == 0 && len > MAXLEN) be32(r + 4, 22);
+        if (type == 0 && len > MAXLEN) be32(r + 4, 22); /* simple error: fine for a floor */
         if (wrv(fd, v, 2)) goto out;
     }
 out:
@@ -231,8 +245,9 @@ out:
     return NULL;
 }
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: floor SOCKET SPIN(0|1)\n"); return 2; }
+    if (argc < 4) { fprintf(stderr, "usage: floor SOCKET SPIN(0|1) STRUCTURED(0|1)\n"); return 2; }
     spin = atoi(argv[2]);
+    sr = atoi(argv[3]);
     int l = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     strncpy(a.sun_path, argv[1], sizeof a.sun_path - 1);
@@ -250,8 +265,9 @@ CEOF
 start_floor_server() { # $1 = server name, $2 = socket
     rm -f "$2"
     case $1 in
-        floor) "$WORK/floor" "$2" 0 2>"$WORK/$1.log" & ;;
-        floor-spin) "$WORK/floor" "$2" 1 2>"$WORK/$1.log" & ;;
+        floor) "$WORK/floor" "$2" 0 1 2>"$WORK/$1.log" & ;;
+        floor-simple) "$WORK/floor" "$2" 0 0 2>"$WORK/$1.log" & ;;
+        floor-spin) "$WORK/floor" "$2" 1 1 2>"$WORK/$1.log" & ;;
         nbdkit-null) nbdkit -f -U "$2" null "$SIZE" 2>"$WORK/$1.log" & ;;
         nbdkit) nbdkit -f -U "$2" memory "$SIZE" 2>"$WORK/$1.log" & ;;
         iolift-null) "$IOLIFT" serve --socket "$2" --threads "$THREADS" $IOLIFT_ARGS "null:$SIZE" 2>"$WORK/$1.log" & ;;
@@ -265,7 +281,7 @@ start_floor_server() { # $1 = server name, $2 = socket
 run_floor() {
     local servers=(nbdkit-null nbdkit iolift-null iolift-null-auto iolift)
     if command -v cc >/dev/null && floor_src | cc -O2 -pthread -x c -o "$WORK/floor" -; then
-        servers=(floor floor-spin "${servers[@]}")
+        servers=(floor floor-simple floor-spin "${servers[@]}")
     else
         echo "no C compiler (or it failed): running without the minimal responder" >&2
     fi
