@@ -234,36 +234,12 @@ pub fn end_struct(out: &mut [u8], len_at: usize) {
     out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
-const fn crc_table() -> [u32; 256] {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82f6_3b78
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-}
-
-static CRC_TABLE: [u32; 256] = crc_table();
-
 /// CRC32C (Castagnoli, reflected) continuing from `crc`, without the
 /// final inversion: Ceph's `ceph_crc32c(crc, data, len)`. A map's CRC is
-/// started with `u32::MAX`.
-pub fn crc32c(mut crc: u32, data: &[u8]) -> u32 {
-    for &b in data {
-        crc = CRC_TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
-    }
-    crc
+/// started with `u32::MAX`. The crc32c crate (the CPU's crc32 instruction
+/// where it has one) inverts on the way in and out, hence the two `!`.
+pub fn crc32c(crc: u32, data: &[u8]) -> u32 {
+    !::crc32c::crc32c_append(!crc, data)
 }
 
 #[cfg(test)]

@@ -37,36 +37,10 @@ impl RecKind {
 const FLAG_FUA: u8 = 1;
 const FLAG_NO_HOLE: u8 = 2;
 
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) lookup table.
-const fn crc_table() -> [u32; 256] {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82F6_3B78
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-}
-
-static CRC_TABLE: [u32; 256] = crc_table();
-
-/// CRC-32C of `data`.
+/// CRC-32C (Castagnoli) of `data`, from the crc32c crate (the CPU's
+/// crc32 instruction where it has one).
 pub fn crc32c(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c = CRC_TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
+    ::crc32c::crc32c(data)
 }
 
 pub(super) fn file_header(dev_size: u64) -> [u8; FILE_HEADER] {
