@@ -103,18 +103,8 @@ pub fn decode(buf: &[u8]) -> Result<OsdMap> {
     }
     enc.client_addrs = c.since(start).to_vec();
 
-    let n = c.count("pg_temp", 17 + 4)?;
-    let mut pg_temp = BTreeMap::new();
-    for _ in 0..n {
-        let pg = pg_id(&mut c, "pg_temp")?;
-        pg_temp.insert(pg, i32_vec(&mut c, "pg_temp osds")?);
-    }
-    let n = c.count("primary_temp", 17 + 4)?;
-    let mut primary_temp = BTreeMap::new();
-    for _ in 0..n {
-        let pg = pg_id(&mut c, "primary_temp")?;
-        primary_temp.insert(pg, c.i32("primary_temp osd")?);
-    }
+    let pg_temp = pg_map(&mut c, "pg_temp", |c| i32_vec(c, "pg_temp osds"))?;
+    let primary_temp = pg_map(&mut c, "primary_temp", |c| c.i32("primary_temp osd"))?;
     let at = c.offset();
     let primary_affinity = u32_vec(&mut c, "osd_primary_affinity")?;
     if !primary_affinity.is_empty() && primary_affinity.len() != max_osd as usize {
@@ -147,23 +137,15 @@ pub fn decode(buf: &[u8]) -> Result<OsdMap> {
     }
     enc.ec_profiles = c.since(start).to_vec();
 
-    let n = c.count("pg_upmap", 17 + 4)?;
-    let mut pg_upmap = BTreeMap::new();
-    for _ in 0..n {
-        let pg = pg_id(&mut c, "pg_upmap")?;
-        pg_upmap.insert(pg, i32_vec(&mut c, "pg_upmap osds")?);
-    }
-    let n = c.count("pg_upmap_items", 17 + 4)?;
-    let mut pg_upmap_items = BTreeMap::new();
-    for _ in 0..n {
-        let pg = pg_id(&mut c, "pg_upmap_items")?;
+    let pg_upmap = pg_map(&mut c, "pg_upmap", |c| i32_vec(c, "pg_upmap osds"))?;
+    let pg_upmap_items = pg_map(&mut c, "pg_upmap_items", |c| {
         let m = c.count("pg_upmap_items pairs", 8)?;
         let mut v = Vec::with_capacity(m);
         for _ in 0..m {
             v.push((c.i32("pg_upmap_items from")?, c.i32("pg_upmap_items to")?));
         }
-        pg_upmap_items.insert(pg, v);
-    }
+        Ok(v)
+    })?;
     let crush_version = c.i32("crush_version")?;
     enc.client_tail = c.rest().to_vec();
 
@@ -224,6 +206,23 @@ fn u32_vec(r: &mut Reader, field: &str) -> Result<Vec<u32>> {
 fn i32_vec(r: &mut Reader, field: &str) -> Result<Vec<i32>> {
     let n = r.count(field, 4)?;
     (0..n).map(|_| r.i32(field)).collect()
+}
+
+/// A map keyed by `pg_t` (pg_temp, primary_temp, pg_upmap,
+/// pg_upmap_items): a count, then per entry the PG and the value `value`
+/// reads. Every entry takes at least 21 bytes (a PG and a u32).
+fn pg_map<T>(
+    r: &mut Reader,
+    field: &str,
+    mut value: impl FnMut(&mut Reader) -> Result<T>,
+) -> Result<BTreeMap<PgId, T>> {
+    let n = r.count(field, 17 + 4)?;
+    let mut m = BTreeMap::new();
+    for _ in 0..n {
+        let pg = pg_id(r, field)?;
+        m.insert(pg, value(r)?);
+    }
+    Ok(m)
 }
 
 /// `pg_t`: version 1, pool, seed, and a "preferred" that must be -1.
