@@ -22,6 +22,20 @@ fn require_root() {
     );
 }
 
+/// What the file-backed tests start from: root checked, the heavy-test
+/// lock held, a fresh temp dir and `backend.img` inside it (not created).
+fn file_backed() -> (
+    std::sync::MutexGuard<'static, ()>,
+    tempfile::TempDir,
+    PathBuf,
+) {
+    require_root();
+    let h = heavy();
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("backend.img");
+    (h, tmp, img)
+}
+
 fn rand_tag() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -104,10 +118,7 @@ fn fuse_attach_ext4_roundtrip() {
 
 #[test]
 fn fuse_fstrim_reaches_file_backend() {
-    require_root();
-    let _h = heavy();
-    let tmp = tempfile::tempdir().unwrap();
-    let img = tmp.path().join("backend.img");
+    let (_h, tmp, img) = file_backed();
     let a = Attached::start(
         tmp.path(),
         &format!("file:{},size=256M", img.display()),
@@ -138,10 +149,7 @@ fn fuse_fstrim_reaches_file_backend() {
 
 #[test]
 fn fuse_kill9_then_reattach_keeps_synced_files() {
-    require_root();
-    let _h = heavy();
-    let tmp = tempfile::tempdir().unwrap();
-    let img = tmp.path().join("backend.img");
+    let (_h, tmp, img) = file_backed();
     let backend = format!("file:{},size=256M", img.display());
     let mnt = tmp.path().join("mnt");
     let sums;
@@ -192,10 +200,7 @@ fn fuse_kill9_then_reattach_keeps_synced_files() {
 /// fallocate punch/zero reaching the backend.
 #[test]
 fn fuse_file_ops_without_loop() {
-    require_root();
-    let _h = heavy();
-    let tmp = tempfile::tempdir().unwrap();
-    let img = tmp.path().join("backend.img");
+    let (_h, tmp, img) = file_backed();
     let a = Attached::start(
         tmp.path(),
         &format!("file:{},size=64M", img.display()),
