@@ -162,47 +162,17 @@ fn tunables() -> impl Strategy<Value = Tunables> {
 /// the rest decode as the legacy defaults.
 fn trim_tunables(t: Tunables, groups: u8) -> Tunables {
     let l = Tunables::LEGACY;
+    // The tunables of group `g` come from `t` if the encoding has it.
+    let from = |g: u8| if groups >= g { &t } else { &l };
     Tunables {
-        choose_local_tries: if groups >= 1 {
-            t.choose_local_tries
-        } else {
-            l.choose_local_tries
-        },
-        choose_local_fallback_tries: if groups >= 1 {
-            t.choose_local_fallback_tries
-        } else {
-            l.choose_local_fallback_tries
-        },
-        choose_total_tries: if groups >= 1 {
-            t.choose_total_tries
-        } else {
-            l.choose_total_tries
-        },
-        chooseleaf_descend_once: if groups >= 2 {
-            t.chooseleaf_descend_once
-        } else {
-            l.chooseleaf_descend_once
-        },
-        chooseleaf_vary_r: if groups >= 3 {
-            t.chooseleaf_vary_r
-        } else {
-            l.chooseleaf_vary_r
-        },
-        straw_calc_version: if groups >= 4 {
-            t.straw_calc_version
-        } else {
-            l.straw_calc_version
-        },
-        allowed_bucket_algs: if groups >= 5 {
-            t.allowed_bucket_algs
-        } else {
-            l.allowed_bucket_algs
-        },
-        chooseleaf_stable: if groups >= 6 {
-            t.chooseleaf_stable
-        } else {
-            l.chooseleaf_stable
-        },
+        choose_local_tries: from(1).choose_local_tries,
+        choose_local_fallback_tries: from(1).choose_local_fallback_tries,
+        choose_total_tries: from(1).choose_total_tries,
+        chooseleaf_descend_once: from(2).chooseleaf_descend_once,
+        chooseleaf_vary_r: from(3).chooseleaf_vary_r,
+        straw_calc_version: from(4).straw_calc_version,
+        allowed_bucket_algs: from(5).allowed_bucket_algs,
+        chooseleaf_stable: from(6).chooseleaf_stable,
     }
 }
 
