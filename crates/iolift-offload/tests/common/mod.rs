@@ -98,6 +98,42 @@ impl HostKernel {
         result_max: usize,
         pool: Option<PoolArgs>,
     ) -> (Vec<i32>, Vec<u32>) {
+        Self::grid(self.thread, f, weights, rule, xs, n, result_max, pool)
+    }
+
+    /// The latency kernel's entry point run as its grid (32 threads per input).
+    pub fn run_warp_grid(
+        &self,
+        f: &FlatMap,
+        weights: &[u32],
+        rule: i32,
+        xs: &[i32],
+        result_max: usize,
+    ) -> (Vec<i32>, Vec<u32>) {
+        Self::grid(
+            self.warp_grid,
+            f,
+            weights,
+            rule,
+            Some(xs),
+            xs.len(),
+            result_max,
+            None,
+        )
+    }
+
+    /// Runs entry point `k` (the thread kernel's signature) over `n` inputs.
+    #[allow(clippy::too_many_arguments)]
+    fn grid(
+        k: ThreadFn,
+        f: &FlatMap,
+        weights: &[u32],
+        rule: i32,
+        xs: Option<&[i32]>,
+        n: usize,
+        result_max: usize,
+        pool: Option<PoolArgs>,
+    ) -> (Vec<i32>, Vec<u32>) {
         let mut out = vec![0i32; n * result_max];
         let mut lens = vec![0u32; n];
         let p = pool.unwrap_or_default();
@@ -108,7 +144,7 @@ impl HostKernel {
         };
         // SAFETY: buffers sized as the kernel expects.
         unsafe {
-            (self.thread)(
+            k(
                 f.words.as_ptr(),
                 f.ln.as_ptr(),
                 weights.as_ptr(),
@@ -122,41 +158,6 @@ impl HostKernel {
                 p.pgp_mask,
                 p.pool_id,
                 flags,
-                out.as_mut_ptr(),
-                lens.as_mut_ptr(),
-            )
-        };
-        (out, lens)
-    }
-
-    /// The latency kernel's entry point run as its grid (32 threads per input).
-    pub fn run_warp_grid(
-        &self,
-        f: &FlatMap,
-        weights: &[u32],
-        rule: i32,
-        xs: &[i32],
-        result_max: usize,
-    ) -> (Vec<i32>, Vec<u32>) {
-        let n = xs.len();
-        let mut out = vec![0i32; n * result_max];
-        let mut lens = vec![0u32; n];
-        // SAFETY: buffers sized as the kernel expects.
-        unsafe {
-            (self.warp_grid)(
-                f.words.as_ptr(),
-                f.ln.as_ptr(),
-                weights.as_ptr(),
-                weights.len() as u32,
-                rule,
-                xs.as_ptr(),
-                0,
-                n as u32,
-                result_max as u32,
-                0,
-                0,
-                0,
-                0,
                 out.as_mut_ptr(),
                 lens.as_mut_ptr(),
             )

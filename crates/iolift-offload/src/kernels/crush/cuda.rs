@@ -157,20 +157,11 @@ impl CrushCuda {
     ) -> Result<Mapping> {
         let n = inputs.len();
         if n == 0 {
-            return Ok(Mapping {
-                result_max,
-                out: vec![],
-                lens: vec![],
-                fallbacks: 0,
-            });
+            return Ok(Mapping::zeroed(0, result_max));
         }
         if !kernel_fits(result_max) || n > u32::MAX as usize / 32 {
-            let mut m = Mapping {
-                result_max,
-                out: vec![0; n * result_max],
-                lens: vec![LEN_FALLBACK; n],
-                fallbacks: 0,
-            };
+            let mut m = Mapping::zeroed(n, result_max);
+            m.lens.fill(LEN_FALLBACK);
             fix_fallbacks(h, rule, inputs, weights, &mut m);
             return Ok(m);
         }
