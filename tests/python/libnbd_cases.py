@@ -18,6 +18,9 @@ import sys
 
 import nbd
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from caserun import run_cases  # noqa: E402
+
 ARGS = None
 HOLE, ZERO = nbd.STATE_HOLE, nbd.STATE_ZERO
 
@@ -291,22 +294,11 @@ def case_many_in_flight():
     h.shutdown()
 
 
-CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
-
-
 def main():
-    global ARGS
     p = argparse.ArgumentParser()
     p.add_argument("--uri", required=True)
     p.add_argument("--ro-uri")
-    p.add_argument("cases", nargs="+", help="|".join(sorted(CASES)))
-    ARGS = p.parse_args()
-    for name in ARGS.cases:
-        if name not in CASES:
-            sys.exit("unknown case %r (known: %s)" % (name, ", ".join(sorted(CASES))))
-        CASES[name]()
-        check_alive()
-        print("ok", name, flush=True)
+    run_cases(globals(), p)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nbdraw as N  # noqa: E402
+from caserun import run_cases  # noqa: E402
 
 EINVAL, EPERM, ENOSPC, EOVERFLOW, ENOMEM = 22, 1, 28, 75, 12
 
@@ -431,24 +432,13 @@ def case_disc_flushes_inflight():
     d.close()
 
 
-CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
-
-
 def main():
-    global ARGS
     p = argparse.ArgumentParser()
     p.add_argument("--socket", required=True)
     p.add_argument("--export", default="")
     p.add_argument("--ro-export", default="ro")
     p.add_argument("--max-request", type=int, default=32 << 20)
-    p.add_argument("cases", nargs="+", help="|".join(sorted(CASES)))
-    ARGS = p.parse_args()
-    for name in ARGS.cases:
-        if name not in CASES:
-            sys.exit("unknown case %r (known: %s)" % (name, ", ".join(sorted(CASES))))
-        CASES[name]()
-        check_alive()
-        print("ok", name, flush=True)
+    run_cases(globals(), p)
 
 
 if __name__ == "__main__":
