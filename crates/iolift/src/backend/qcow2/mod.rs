@@ -76,6 +76,12 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "engine=uring: a request alone on its data path (nothing else in flight there, idle at least this many us) runs on the thread that read it (a hit: one io_uring_enter submits and waits); 0: never",
     },
     OptHelp {
+        name: "spin_us",
+        kind: Kind::Count,
+        default: "0",
+        help: "engine=uring: a request run on the thread that read it (inline_us) spins on its ring's completions up to this many us before sleeping in the kernel; 0: sleep at once",
+    },
+    OptHelp {
         name: "bufs",
         kind: Kind::Count,
         default: "32",
@@ -119,6 +125,9 @@ pub struct Qcow2Config {
     pub uring_named: bool,
     /// engine=uring: the `inline_us` gap (None: 0, never inline).
     pub inline_gap: Option<Duration>,
+    /// engine=uring: how long an inline request spins on its completion
+    /// before sleeping in the kernel (`spin_us`, 0: not at all).
+    pub spin_us: u32,
     pub placement: Placement,
 }
 
@@ -158,7 +167,12 @@ pub fn parse(s: &BackendSpec) -> Result<Qcow2Config> {
             .opts
             .err("inline_us", format!("{inline_us}: 0 to 1000000")));
     }
+    let spin_us = s.opts.u64("spin_us", 0)?;
+    if spin_us > 1000 {
+        return Err(s.opts.err("spin_us", format!("{spin_us}: 0 to 1000")));
+    }
     Ok(Qcow2Config {
+        spin_us: spin_us as u32,
         uring_named: named == Some("uring"),
         inline_gap: (inline_us > 0).then(|| Duration::from_micros(inline_us)),
         uring,
@@ -186,7 +200,7 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
     let uring = match c.uring {
         Some(bufs) => {
             let n = c.opts.data_paths;
-            match uring::Uring::open(&c.path, n, c.opts.read_only, bufs, c.inline_gap) {
+            match uring::Uring::open(&c.path, n, c.opts.read_only, bufs, c.inline_gap, c.spin_us) {
                 Ok(u) => Some(Arc::new(u)),
                 Err(e) if !c.uring_named => {
                     tracing::warn!(

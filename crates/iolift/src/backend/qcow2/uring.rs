@@ -22,12 +22,19 @@
 //!
 //! A read, or an in-place write without FUA, whose mapping
 //! [`DataPath::try_hit`] finds in the path's cache goes to one of those
-//! with its mapping pinned until it completes. Everything else (misses,
-//! allocating writes, FUA, trim, flush, ...) is handed back to the caller
-//! (`mod.rs`), which runs it on the submitting thread when it is alone on
-//! its path (the same rule) and on the blocking pool otherwise, on the
-//! same data path, so its translation warms the cache the next hit looks
-//! in.
+//! with its mapping pinned until it completes. A miss alone on its path
+//! is translated on the submitting thread ([`DataPath::translate_hit`]:
+//! the control plane's lock, the L2 entry, the mapping put in the path's
+//! cache pinned) and then does its I/O on the inline ring as a hit would,
+//! so a miss costs a translation more than a hit and no more (no bounce
+//! buffer, no copy). Everything else (misses at depth, allocating writes,
+//! FUA, trim, flush, ...) is handed back to the caller (`mod.rs`), which
+//! runs it on the submitting thread when it is alone on its path (the
+//! same rule) and on the blocking pool otherwise, on the same data path,
+//! so its translation warms the cache the next hit looks in. A miss at
+//! depth is not translated on the submitting thread: the control plane's
+//! lock can be held for a while (a compaction round, a snapshot), and
+//! the reader would stop reading the connection meanwhile.
 //!
 //! Memory: per data path two rings (256 and 8 entries) and `bufs` + 2
 //! 16 KiB registered (locked) buffers; requests larger than a buffer, or
@@ -75,8 +82,12 @@ pub struct UringStats {
     pub max_batch: u64,
     /// Hits the submitting thread ran on its path's inline ring.
     pub inline_hits: u64,
-    /// Other requests (misses, allocating writes) run on the submitting
-    /// thread because they were alone on their path.
+    /// Misses alone on their path translated on the submitting thread,
+    /// their I/O then on its inline ring.
+    pub inline_misses: u64,
+    /// Other requests (allocating writes, flushes, misses of clusters
+    /// that are not data) run on the submitting thread because they were
+    /// alone on their path.
     pub inline_other: u64,
 }
 
@@ -104,6 +115,7 @@ struct PathRing {
     inline: Engine,
     depth: Depth,
     inline_hits: AtomicU64,
+    inline_misses: AtomicU64,
     inline_other: AtomicU64,
 }
 
@@ -131,13 +143,15 @@ fn engine(path: &Path, read_only: bool, cfg: Config) -> Result<Engine> {
 
 impl Uring {
     /// Two engines per data path on the image at `path`; `gap`: see
-    /// [`Uring::gap`].
+    /// [`Uring::gap`]; `spin_us`: how long the inline ring spins on its
+    /// completion before sleeping (0: not at all).
     pub fn open(
         path: &Path,
         paths: usize,
         read_only: bool,
         bufs: usize,
         gap: Option<Duration>,
+        spin_us: u32,
     ) -> Result<Uring> {
         let mut v = Vec::with_capacity(paths);
         for _ in 0..paths {
@@ -158,6 +172,7 @@ impl Uring {
                     fixed_bufs: INLINE_BUFS,
                     fixed_buf_size: BUF_SIZE,
                     inline: true,
+                    spin_us,
                     ..Config::default()
                 },
             )?;
@@ -170,6 +185,7 @@ impl Uring {
                     hold_until: AtomicU64::new(0),
                 },
                 inline_hits: AtomicU64::new(0),
+                inline_misses: AtomicU64::new(0),
                 inline_other: AtomicU64::new(0),
             }));
         }
@@ -188,6 +204,7 @@ impl Uring {
                 enters: a.enters + s.enters + i.enters,
                 max_batch: a.max_batch.max(s.max_batch),
                 inline_hits: a.inline_hits + p.inline_hits.load(Ordering::Relaxed),
+                inline_misses: a.inline_misses + p.inline_misses.load(Ordering::Relaxed),
                 inline_other: a.inline_other + p.inline_other.load(Ordering::Relaxed),
             }
         })
@@ -236,24 +253,45 @@ impl Uring {
             pr.depth.in_flight.fetch_sub(1, Ordering::Release);
         });
         let eng = if alone { &p.inline } else { &p.eng };
-        let op = match &req {
-            Request::Read { offset, len } => dp.try_hit(*offset, *len as usize, false).map(|h| {
-                let (offset, buf) = (h.host, eng.alloc(*len as usize));
-                (h, Op::Read { offset, buf }, *len as usize, true)
-            }),
+        // The host range of a read or in-place write the cache can place
+        // (a hit); for a request alone on its path, a miss is translated
+        // here and does its I/O the same way.
+        let io = match &req {
+            Request::Read { offset, len } => Some((*offset, *len as usize, false)),
             Request::Write {
                 offset,
                 data,
                 flags,
-            } if !flags.fua => dp.try_hit(*offset, data.len(), true).map(|h| {
+            } if !flags.fua => Some((*offset, data.len(), true)),
+            _ => None,
+        };
+        let mut found = io.and_then(|(o, n, w)| dp.try_hit(o, n, w).map(|h| (h, Served::Hit)));
+        if let (None, true, Some((o, n, w))) = (&found, alone, io) {
+            match dp.translate_hit(o, n, w) {
+                Ok(f) => found = f,
+                Err(e) => {
+                    cb(Err(super::errno(e)));
+                    return Start::Started;
+                }
+            }
+            if found.is_some() {
+                p.inline_misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let op = found.map(|(h, how)| match &req {
+            Request::Write { data, .. } => {
                 let mut buf = eng.alloc(data.len());
                 buf.copy_from_slice(data);
                 let offset = h.host;
-                (h, Op::Write { offset, buf }, data.len(), false)
-            }),
-            _ => None,
-        };
-        let Some((hit, op, len, read)) = op else {
+                (h, how, Op::Write { offset, buf }, data.len(), false)
+            }
+            _ => {
+                let len = io.map_or(0, |(_, n, _)| n);
+                let (offset, buf) = (h.host, eng.alloc(len));
+                (h, how, Op::Read { offset, buf }, len, true)
+            }
+        });
+        let Some((hit, how, op, len, read)) = op else {
             return if alone {
                 p.inline_other.fetch_add(1, Ordering::Relaxed);
                 Start::Here(req, cb)
@@ -273,10 +311,10 @@ impl Uring {
                     Err(e) => Err(Errno::from_io(&e)),
                 }
             };
-            lat.record(w, Served::Hit, t0.elapsed());
+            lat.record(w, how, t0.elapsed());
             cb(r)
         });
-        if alone {
+        if alone && how == Served::Hit {
             p.inline_hits.fetch_add(1, Ordering::Relaxed);
         }
         // Inline: submits, waits and calls `done` before returning.
