@@ -96,8 +96,10 @@ start=$(date +%s)
 # iolift/ublk: `serve --ublk` (docs/ublk.md), tested in a guest (tests/guest_ublk.rs)
 cargo build --release --workspace --features iolift/ublk
 # The test Ceph cluster the binaries share (crates/iolift-testkit/src/ceph.rs)
-# would stop itself two minutes after its last user; stop it when the suite
-# ends instead, however it ends.
+# would stop itself two minutes after its last user, and fs_kv runs many
+# binaries before rbd_*: keep it for up to 30 idle minutes so that they
+# share one start, and stop it when the suite ends, however it ends.
+export IOLIFT_CEPH_SHARED_IDLE_S=${IOLIFT_CEPH_SHARED_IDLE_S:-1800}
 shared_ceph=/var/tmp/iolift-ceph-shared
 trap '[ -d "$shared_ceph" ] && bash scripts/ceph-local.sh stop "$shared_ceph" >/dev/null 2>&1 || true' EXIT
 cargo test --release --workspace --features iolift/ublk --no-fail-fast "$@"

@@ -17,13 +17,16 @@
 //! - Whoever starts it also starts a reaper (a small bash loop, in its own
 //!   session, pid in `SHARED_DIR.reaper`): every 5 s it tries the users
 //!   lock exclusively; once nobody has held it for
-//!   `$IOLIFT_CEPH_SHARED_IDLE_S` seconds (default 120) it stops the
-//!   cluster (`ceph-local.sh stop`, which deletes its files) while still
-//!   holding that lock, and exits. A binary that comes later finds no
-//!   reaper and starts a fresh cluster. So a suite run leaves nothing
-//!   behind two minutes after its last Ceph test; `bash
-//!   scripts/ceph-local.sh stop /var/tmp/iolift-ceph-shared` stops it at
-//!   once.
+//!   `$IOLIFT_CEPH_SHARED_IDLE_S` seconds (default 120, at most 3600) it
+//!   stops the cluster (`ceph-local.sh stop`, which deletes its files)
+//!   while still holding that lock, and exits. A binary that comes later
+//!   finds no reaper and starts a fresh cluster. So a run of single test
+//!   binaries leaves nothing behind two minutes after its last Ceph test;
+//!   `bash scripts/ceph-local.sh stop /var/tmp/iolift-ceph-shared` stops
+//!   it at once. scripts/test.sh sets the idle time to 30 minutes, so
+//!   that the suite's Ceph binaries (fs_kv, then rbd_* many binaries
+//!   later) share one cluster start, and stops the cluster itself when
+//!   the suite ends.
 //! - A cluster that is not healthy when a binary arrives (a daemon gone,
 //!   `ceph -s` not answering, no reaper) is stopped and started again.
 //!
@@ -179,6 +182,10 @@ fn restart(dir: &Path) {
     spawn_reaper(dir);
 }
 
+/// The longest idle time `IOLIFT_CEPH_SHARED_IDLE_S` may ask for: a
+/// cluster nobody uses never outlives its last user by more than an hour.
+const MAX_IDLE_S: u32 = 3600;
+
 /// The reaper: see the module's doc. `$0` names it in its command line.
 const REAPER: &str = r#"
 dir=$1 users=$2 script=$3 grace=$4
@@ -207,7 +214,7 @@ fn spawn_reaper(dir: &Path) {
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .unwrap_or(120)
-        .max(5);
+        .clamp(5, MAX_IDLE_S);
     let d = dir.to_str().unwrap();
     // setsid -f: the reaper runs in a session of its own, a child of
     // init rather than of this test binary, which it outlives; the setsid
