@@ -22,6 +22,8 @@
 //! - [`ceph_tools`]: maps made by `osdmaptool` and `crushtool`
 //!   ([`ceph_tools::createsimple`], [`ceph_tools::crush_build_straw2`]) in a
 //!   scratch [`ceph_tools::ToolDir`].
+//! - [`fsmount`]: the scratch layout of FUSE mount tests
+//!   ([`fsmount::mount_layout`]) and a plain HTTP GET ([`fsmount::http_get`]).
 //! - [`guest`]: boot a throw-away QEMU guest and run one test script in it
 //!   (for tests of the kernel's own clients).
 //!
@@ -33,6 +35,7 @@ pub mod ceph_tools;
 pub mod crushmap;
 pub mod data;
 pub mod disk;
+pub mod fsmount;
 pub mod guest;
 pub mod process;
 pub mod rng;

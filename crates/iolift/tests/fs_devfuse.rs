@@ -11,12 +11,15 @@
 mod common;
 #[path = "common/fs_mount.rs"]
 mod fs_mount;
+#[path = "common/fs_workloads.rs"]
+mod workloads;
 use common::*;
 use fs_mount::FsMount;
+use iolift_testkit::fsmount::{http_get, mount_layout};
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -53,14 +56,6 @@ impl Drop for UringParam {
     }
 }
 
-fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    let mnt = tmp.path().join("m").join("mnt");
-    fs::create_dir_all(&src).unwrap();
-    (tmp, src, mnt)
-}
-
 /// Mounts the mirror of `src` with `--transport t` and metrics.
 fn start(src: &Path, mnt: &Path, t: &str) -> (FsMount, String) {
     let addr = format!("127.0.0.1:{}", free_port());
@@ -83,27 +78,6 @@ fn arrived(addr: &str, path: &str) -> u64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no transport counter for {path} in:\n{body}"))
-}
-
-fn fio_verify(dir: &Path) {
-    let out = run_ok(
-        cmd("fio")
-            .args([
-                "--name=v",
-                "--rw=randwrite",
-                "--bs=4k",
-                "--size=16M",
-                "--ioengine=psync",
-                "--numjobs=2",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--do_verify=1",
-                "--group_reporting",
-                "--verify_state_save=0",
-            ])
-            .arg(format!("--directory={}", dir.display())),
-    );
-    assert!(out.stdout.contains("v: (groupid=0"), "{}", out.report());
 }
 
 /// The names in `dir` (a listing through readdir) with their contents.
@@ -164,15 +138,11 @@ fn many_files(mnt: &Path, src: &Path) {
 fn uring_transport_passes_fio_verify_and_requests_take_the_ring() {
     let _p = uring_param(true);
     require_tool("fio");
-    let (_tmp, src, mnt) = layout();
+    let (_tmp, src, mnt) = mount_layout();
     let (m, addr) = start(&src, &mnt, "uring");
     assert!(m.lines[0].contains("transport uring"), "{:?}", m.lines);
-    fio_verify(&m.mnt);
-    let files: Vec<_> = fs::read_dir(&src).unwrap().collect();
-    assert_eq!(files.len(), 2);
-    for f in files {
-        assert_eq!(f.unwrap().metadata().unwrap().len(), 16 << 20);
-    }
+    // Two 16 MiB files, checked in the source directory too.
+    workloads::fio_verify(&m.mnt, 16, Some(&src));
     let (ring, dev) = (arrived(&addr, "ring"), arrived(&addr, "dev"));
     // 2 x 4096 writes and the reads that verify them came through the
     // ring; /dev/fuse saw INIT and FORGETs at most.
@@ -183,7 +153,7 @@ fn uring_transport_passes_fio_verify_and_requests_take_the_ring() {
 #[test]
 fn uring_transport_creates_renames_unlinks_and_lists_many_files() {
     let _p = uring_param(true);
-    let (_tmp, src, mnt) = layout();
+    let (_tmp, src, mnt) = mount_layout();
     let (m, addr) = start(&src, &mnt, "uring");
     many_files(&m.mnt, &src);
     let ring = arrived(&addr, "ring");
@@ -193,7 +163,7 @@ fn uring_transport_creates_renames_unlinks_and_lists_many_files() {
 #[test]
 fn devfuse_read_write_transport_serves_the_same_workload_without_the_ring() {
     let _p = uring_param(true);
-    let (_tmp, src, mnt) = layout();
+    let (_tmp, src, mnt) = mount_layout();
     let (m, addr) = start(&src, &mnt, "devfuse");
     assert!(m.lines[0].contains("transport devfuse"), "{:?}", m.lines);
     many_files(&m.mnt, &src);
@@ -204,7 +174,7 @@ fn devfuse_read_write_transport_serves_the_same_workload_without_the_ring() {
 #[test]
 fn uring_falls_back_to_read_write_when_the_kernel_does_not_offer_it() {
     let _p = uring_param(false);
-    let (_tmp, src, mnt) = layout();
+    let (_tmp, src, mnt) = mount_layout();
     let (m, addr) = start(&src, &mnt, "uring");
     assert!(m.lines[0].contains("transport devfuse"), "{:?}", m.lines);
     fs::write(m.mnt.join("a"), b"hello").unwrap();
@@ -215,7 +185,7 @@ fn uring_falls_back_to_read_write_when_the_kernel_does_not_offer_it() {
 
 #[test]
 fn bad_transport_flags_fail_clearly() {
-    let (_tmp, src, mnt) = layout();
+    let (_tmp, src, mnt) = mount_layout();
     fs::create_dir_all(&mnt).unwrap();
     let backend = format!("mirror:{}", src.display());
     for (args, want) in [
@@ -241,13 +211,4 @@ fn bad_transport_flags_fail_clearly() {
         );
         assert!(out.all().contains(want), "{args:?}: {}", out.report());
     }
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
 }

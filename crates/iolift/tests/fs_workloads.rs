@@ -10,25 +10,17 @@ mod fs_mount;
 mod workloads;
 use common::*;
 use fs_mount::FsMount;
+use iolift_testkit::fsmount::{http_get, mount_layout};
 
 use std::fs;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    let mnt = tmp.path().join("m").join("mnt");
-    fs::create_dir_all(&src).unwrap();
-    (tmp, src, mnt)
-}
 
 #[test]
 fn fio_verify_on_the_mirror_with_and_without_writeback_cache() {
     let _h = heavy();
     for extra in [&[][..], &["--writeback-cache"][..]] {
-        let (_tmp, src, mnt) = layout();
+        let (_tmp, src, mnt) = mount_layout();
         let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, extra);
         workloads::fio_verify(&m.mnt, 32, Some(&src));
     }
@@ -37,7 +29,7 @@ fn fio_verify_on_the_mirror_with_and_without_writeback_cache() {
 #[test]
 fn tar_in_and_out_keeps_every_byte() {
     let _h = heavy();
-    let (tmp, src, mnt) = layout();
+    let (tmp, src, mnt) = mount_layout();
     let m = FsMount::start(
         &format!("mirror:{}", src.display()),
         &mnt,
@@ -48,28 +40,28 @@ fn tar_in_and_out_keeps_every_byte() {
 
 #[test]
 fn git_clone_checkout_and_status_on_the_mount() {
-    let (_tmp, src, mnt) = layout();
+    let (_tmp, src, mnt) = mount_layout();
     let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, &[]);
     workloads::git_history(&m.mnt, Some(&src), 20, 7, 5);
 }
 
 #[test]
 fn sqlite_database_passes_integrity_check() {
-    let (_tmp, src, mnt) = layout();
+    let (_tmp, src, mnt) = mount_layout();
     let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, &[]);
     workloads::sqlite_rows(&m.mnt, &src, 20, true);
 }
 
 #[test]
 fn rsync_checksums_match_the_source() {
-    let (tmp, src, mnt) = layout();
+    let (tmp, src, mnt) = mount_layout();
     let m = FsMount::start(&format!("mirror:{}", src.display()), &mnt, &[]);
     workloads::rsync_tree(tmp.path(), &m.mnt, &src);
 }
 
 #[test]
 fn rename_races_with_symlinks_never_reach_outside() {
-    let (tmp, src, mnt) = layout();
+    let (tmp, src, mnt) = mount_layout();
     let outside = tmp.path().join("outside");
     fs::create_dir(&outside).unwrap();
     fs::write(outside.join("secret"), b"keep").unwrap();
@@ -193,13 +185,4 @@ fn bad_arguments_fail_with_a_clear_message() {
         "do not go together",
     );
     assert!(!is_mounted(tmp.path()));
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
 }

@@ -476,29 +476,26 @@ impl fuser::Filesystem for Adapter {
                 Ok(v) => {
                     let mut full = false;
                     for (e, ent) in v {
-                        if full {
-                            // Not sent: give its lookup back.
-                            if let Some(ent) = ent {
-                                fs.forget(ent.attr.ino, 1);
-                            }
-                            continue;
+                        if !full {
+                            let (nodeid, a, ttl, gen) = match &ent {
+                                Some(x) => (x.attr.ino, attr(&x.attr), x.ttl, x.generation),
+                                None => {
+                                    let mut a = attr(&Attr::placeholder(e.ino));
+                                    a.kind = kind(e.kind);
+                                    (0, a, std::time::Duration::ZERO, 0)
+                                }
+                            };
+                            full = reply.add(
+                                INodeNo(nodeid),
+                                e.offset,
+                                &e.name,
+                                &ttl,
+                                &a,
+                                Generation(gen),
+                            );
                         }
-                        let (nodeid, a, ttl, gen) = match &ent {
-                            Some(x) => (x.attr.ino, attr(&x.attr), x.ttl, x.generation),
-                            None => {
-                                let mut a = attr(&Attr::placeholder(e.ino));
-                                a.kind = kind(e.kind);
-                                (0, a, std::time::Duration::ZERO, 0)
-                            }
-                        };
-                        full = reply.add(
-                            INodeNo(nodeid),
-                            e.offset,
-                            &e.name,
-                            &ttl,
-                            &a,
-                            Generation(gen),
-                        );
+                        // Not sent (it did not fit, or an earlier one did
+                        // not): give its lookup back.
                         if full {
                             if let Some(ent) = ent {
                                 fs.forget(ent.attr.ino, 1);

@@ -225,14 +225,18 @@ fn malformed_requests_get_an_errno_never_a_panic() {
     }
 }
 
-/// The whole vhost-user path on the host: the benchmark driver (playing
-/// the guest: shared memory, virtqueues, kicks and calls) against the
-/// server, over a mirror directory; the data the driver writes lands in
-/// the file, and the server ends cleanly when the driver disconnects.
-#[test]
-fn driver_and_server_talk_vhost_user() {
-    use super::driver::{DriveOptions, Driver};
-    use super::{Server, VirtioOptions};
+/// A vhost-user server over a mirror of a fresh directory holding one
+/// 1 MiB file of zeros, `data`, serving on its own thread.
+struct Served {
+    _dir: tempfile::TempDir,
+    share: std::path::PathBuf,
+    sock: std::path::PathBuf,
+    stats: Arc<OpStats>,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+/// Starts a [`Served`] with options `o` and waits until it listens.
+fn serve_mirror(o: super::VirtioOptions) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let share = dir.path().join("share");
     std::fs::create_dir(&share).unwrap();
@@ -240,15 +244,32 @@ fn driver_and_server_talk_vhost_user() {
     let fs =
         crate::open_backend(&format!("mirror:{}", share.display()), &Default::default()).unwrap();
     let sock = dir.path().join("s.sock");
-    let o = VirtioOptions {
-        thread_pool_size: 2,
-        ..VirtioOptions::default()
-    };
-    let server = Server::new(fs, &sock, &o).unwrap();
+    let server = super::Server::new(fs, &sock, &o).unwrap();
     let stats = server.stats.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || server.serve(move || tx.send(()).unwrap()));
+    let thread = std::thread::spawn(move || server.serve(move || tx.send(()).unwrap()));
     rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    Served {
+        _dir: dir,
+        share,
+        sock,
+        stats,
+        thread,
+    }
+}
+
+/// The whole vhost-user path on the host: the benchmark driver (playing
+/// the guest: shared memory, virtqueues, kicks and calls) against the
+/// server, over a mirror directory; the data the driver writes lands in
+/// the file, and the server ends cleanly when the driver disconnects.
+#[test]
+fn driver_and_server_talk_vhost_user() {
+    use super::driver::{DriveOptions, Driver};
+    let s = serve_mirror(super::VirtioOptions {
+        thread_pool_size: 2,
+        ..Default::default()
+    });
+    let (share, sock, stats, t) = (s.share, s.sock, s.stats, s.thread);
     // The server serves one connection: one run of writes at depth 8.
     let mut d = Driver::connect(&sock, "data", 8, 1).unwrap();
     let r = d
@@ -281,23 +302,11 @@ fn driver_and_server_talk_vhost_user() {
 #[test]
 fn several_request_queues_each_carry_requests() {
     use super::driver::{DriveOptions, Driver};
-    use super::{Server, VirtioOptions};
-    let dir = tempfile::tempdir().unwrap();
-    let share = dir.path().join("share");
-    std::fs::create_dir(&share).unwrap();
-    std::fs::write(share.join("data"), vec![0u8; 1 << 20]).unwrap();
-    let fs =
-        crate::open_backend(&format!("mirror:{}", share.display()), &Default::default()).unwrap();
-    let sock = dir.path().join("s.sock");
-    let o = VirtioOptions {
+    let s = serve_mirror(super::VirtioOptions {
         queues: 4,
-        ..VirtioOptions::default()
-    };
-    let server = Server::new(fs, &sock, &o).unwrap();
-    let stats = server.stats.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || server.serve(move || tx.send(()).unwrap()));
-    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        ..Default::default()
+    });
+    let (share, sock, stats, t) = (s.share, s.sock, s.stats, s.thread);
     let mut d = Driver::connect(&sock, "data", 16, 4).unwrap();
     let mut run = |write: bool| {
         d.run(&DriveOptions {

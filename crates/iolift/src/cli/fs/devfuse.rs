@@ -3,7 +3,7 @@
 //! read/write or FUSE over io_uring) instead of the fuser one. See
 //! docs/fs.md.
 
-use super::{mount_label, serve_until_stopped, FsMetrics, MountArgs};
+use super::{mount_label, run_with_metrics, serve_until_stopped, FsMetrics, MountArgs};
 use crate::metrics::{self, MetricSource};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -117,15 +117,8 @@ pub(super) fn mount(a: MountArgs) -> Result<ExitCode> {
         },
         ..DevFuseOptions::default()
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    rt.block_on(async move {
-        let metrics_addr = match &a.budget.metrics {
-            Some(addr) => Some(metrics::spawn(addr).await?),
-            None => None,
-        };
+    let metrics = a.budget.metrics.clone();
+    run_with_metrics(metrics, move |metrics_addr| async move {
         let m = devfuse::mount(fs.clone(), &a.mountpoint, &dopts)
             .with_context(|| format!("mounting {} on {}", a.backend, a.mountpoint.display()))?;
         let labels = mount_label(&m.dir().display().to_string());

@@ -119,15 +119,8 @@ fn mount(a: MountArgs) -> Result<ExitCode> {
         dir_cache: !a.no_dir_cache,
         ..KernelOptions::default()
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    rt.block_on(async move {
-        let metrics_addr = match &a.budget.metrics {
-            Some(addr) => Some(metrics::spawn(addr).await?),
-            None => None,
-        };
+    let metrics = a.budget.metrics.clone();
+    run_with_metrics(metrics, move |metrics_addr| async move {
         let m = kernel::mount(fs.clone(), &a.mountpoint, &kopts)
             .with_context(|| format!("mounting {} on {}", a.backend, a.mountpoint.display()))?;
         let source: Arc<dyn MetricSource> = Arc::new(FsMetrics {
@@ -153,6 +146,27 @@ fn mount(a: MountArgs) -> Result<ExitCode> {
         serve_until_stopped(m).await?;
         drop(source);
         Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Runs `serve` on a current-thread runtime, with the metrics endpoint
+/// started first when `--metrics ADDR` asked for one (its address is
+/// handed to `serve`).
+fn run_with_metrics<F, Fut>(metrics: Option<String>, serve: F) -> Result<ExitCode>
+where
+    F: FnOnce(Option<std::net::SocketAddr>) -> Fut,
+    Fut: std::future::Future<Output = Result<ExitCode>>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let addr = match &metrics {
+            Some(addr) => Some(metrics::spawn(addr).await?),
+            None => None,
+        };
+        serve(addr).await
     })
 }
 

@@ -4,7 +4,7 @@
 //! SIGINT/SIGTERM. Flag names follow QEMU's virtiofsd where they mean the
 //! same thing. See docs/fs.md.
 
-use super::FsMetrics;
+use super::{run_with_metrics, FsMetrics};
 use crate::frontend::{wait_for_signal, StopOn};
 use crate::metrics::{self, MetricSource};
 use anyhow::{bail, Context, Result};
@@ -79,15 +79,8 @@ pub fn run(a: VirtioArgs) -> Result<ExitCode> {
     let server = Server::new(fs.clone(), &a.socket_path, &vopts)
         .with_context(|| format!("--socket-path {}", a.socket_path.display()))?;
     let stats = server.stats.clone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    rt.block_on(async move {
-        let metrics_addr = match &a.budget.metrics {
-            Some(addr) => Some(metrics::spawn(addr).await?),
-            None => None,
-        };
+    let metrics = a.budget.metrics.clone();
+    run_with_metrics(metrics, move |metrics_addr| async move {
         let source: Arc<dyn MetricSource> = Arc::new(FsMetrics {
             stats,
             labels: super::mount_label(&format!("virtiofs:{}", a.socket_path.display())),
