@@ -61,6 +61,13 @@ VIRTIOFSD=${VIRTIOFSD:-/usr/lib/qemu/virtiofsd}
 # front-end's transports as setups iolift-uring / iolift-devfuse, e.g.
 #   ONLY=q2 Q2_SETUPS='bindfs iolift' TRANSPORTS='uring devfuse' \
 #     CELLS='4k-qd|stat|create|readdir' bench/fs.sh
+# null-fuser / null-uring: the null backend (answers at once) over each
+# transport, the floor of the stat, create+unlink and QD1 cells: with them
+# (and ext4 and bindfs) the summary prints one "floor:" line per cell and
+# transport, what share of bindfs's time per op the kernel's FUSE round
+# trip alone takes, e.g.
+#   ONLY=q2 Q2_SETUPS='ext4 bindfs null-fuser null-uring iolift' \
+#     TRANSPORTS=uring CELLS='4k-qd1$|stat|create' bench/fs.sh
 Q2_SETUPS=${Q2_SETUPS:-ext4 bindfs iolift iolift-pt}
 TRANSPORTS=${TRANSPORTS:-}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
@@ -83,7 +90,8 @@ fi
 SRC=$WORK/src
 MNT=$WORK/mnt
 RES=$WORK/results
-SERVER_PID=
+# cpu_ticks, peak_kib, wait_mount, stop_server; sets SERVER_PID=.
+source bench/lib.sh
 cleanup() {
     if mountpoint -q "$MNT" 2>/dev/null; then umount -l "$MNT" || true; fi
     [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null || true
@@ -94,16 +102,14 @@ trap cleanup EXIT
 rm -rf "$WORK"
 mkdir -p "$SRC" "$MNT" "$RES"
 
-cpu_ticks() { awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
-hwm_kib() { awk '/VmHWM/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 # mount_setup NAME: makes $MNT show $SRC (or null) the NAME way; sets
 # DIR (where the job runs) and SERVER_PID (empty for native ext4).
 mount_setup() {
     SERVER_PID=
     case $1 in
-        ext4) DIR=$SRC; return ;;
+        ext4) DIR=$SRC; META_DIR=$SRC; return ;;
         bindfs)
             bindfs -f --multithreaded "$SRC" "$MNT" 2>"$RES/bindfs.log" &
             SERVER_PID=$! ;;
@@ -119,29 +125,36 @@ mount_setup() {
         null)
             "$BIN" fs mount "null:1G" "$MNT" --threads "$THREADS" >"$RES/iolift.out" 2>"$RES/iolift.log" &
             SERVER_PID=$! ;;
+        null-fuser|null-uring)
+            "$BIN" fs mount "null:1G" "$MNT" --threads "$THREADS" --transport "${1#null-}" >"$RES/iolift.out" 2>"$RES/iolift.log" &
+            SERVER_PID=$! ;;
     esac
     DIR=$MNT
-    for _ in $(seq 200); do
-        mountpoint -q "$MNT" && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$RES"/*.log >&2; exit 1; }
-        sleep 0.05
-    done
-    echo "$1 did not mount" >&2; exit 1
+    # The null backend answers every lookup with a regular file, so the
+    # stat job's DIR/meta/fN reaches it through a host symlink meta -> MNT
+    # (one more cached path step than bindfs's MNT/meta/fN).
+    META_DIR=$MNT NULL_SETUP=
+    if [[ $1 == null-* ]]; then
+        NULL_SETUP=1
+        META_DIR=$WORK/nullroot
+        mkdir -p "$META_DIR"; ln -sfn "$MNT" "$META_DIR/meta"
+    fi
+    wait_mount "$MNT" "$RES/$([[ $1 == bindfs ]] && echo bindfs || echo iolift).log" 10
 }
 
 unmount_setup() {
     [[ -z $SERVER_PID ]] && return
-    HWM=$(hwm_kib "$SERVER_PID")
+    HWM=$(peak_kib "$SERVER_PID" 2>/dev/null || echo 0)
     umount "$MNT" 2>/dev/null || umount -l "$MNT"
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-    SERVER_PID=
+    stop_server
 }
 
 # run_cell SETUP CELL REPEAT CMD...: one measurement -> one JSON line in $RES/rows.
 run_cell() {
     local setup=$1 cell=$2 rep=$3; shift 3
     [[ $cell =~ $CELLS ]] || return 0
+    # The null backend lists nothing: no readdir cell for it.
+    [[ $setup == null-* && $cell == readdir-10k ]] && return 0
     mount_setup "$setup"
     local t0 b0 s0=0 t1 b1 s1=0
     b0=$(busy_ticks); t0=$(date +%s.%N)
@@ -184,7 +197,22 @@ fio_job() { # fio_job NAME RW BS QD [extra...]
 # Metadata: a python loop of system calls (its own cost, a few us per call,
 # is the same for every setup).
 meta_job() { # meta_job stat|create|readdir
-    python3 bench/fs-meta.py "$DIR" "$1" "$NFILES" "$RUNTIME" 1000
+    if [[ $1 == create && $DIR == "$MNT" && -n ${NULL_SETUP:-} ]]; then
+        # The null backend finds every name (lookup never says ENOENT), so
+        # O_EXCL would fail: the same loop without it (lookup, then open
+        # of the found file instead of create: as many round trips).
+        python3 -c '
+import json, os, sys, time
+p, runtime, ops, t0 = os.path.join(sys.argv[1], "cu"), float(sys.argv[2]), 0, time.perf_counter()
+while time.perf_counter() - t0 < runtime:
+    for i in range(1000):
+        os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+        os.unlink(p)
+    ops += 1000
+print(json.dumps({"ops": ops, "ops_s": ops / (time.perf_counter() - t0)}))' "$DIR" "$RUNTIME"
+        return
+    fi
+    python3 bench/fs-meta.py "$([[ $1 == stat ]] && echo "$META_DIR" || echo "$DIR")" "$1" "$NFILES" "$RUNTIME" 1000
 }
 
 # The data file and the 10k-entry directory, made once on the host. The
@@ -219,11 +247,13 @@ fi
 if [[ $ONLY == all || $ONLY == q2 ]]; then
     read -ra SETUPS <<<"$Q2_SETUPS"
     for t in $TRANSPORTS; do SETUPS+=("iolift-$t"); done
-    if [[ " $TRANSPORTS " == *" uring "* ]]; then
+    if [[ " ${SETUPS[*]} " == *-uring" "* ]]; then
         # FUSE over io_uring is off unless fuse's enable_uring is Y (restored at exit).
         URING_OLD=$(cat /sys/module/fuse/parameters/enable_uring)
         echo Y >/sys/module/fuse/parameters/enable_uring
     fi
+    echo "timeouts: bindfs $(bindfs --version 2>&1 | head -1), its defaults (libfuse 2: entry_timeout=1 s, attr_timeout=1 s, negative_timeout=0, no kernel_cache);" \
+         "iolift --ttl-ms 1000 (entry and attribute replies 1 s, no negative entries; kept directory listings checked by mtime), the null backend 1 s"
     for rep in $(seq "$R"); do
         for s in "${SETUPS[@]}"; do
             prep_data
@@ -260,7 +290,7 @@ vrun() { # vrun SETUP CELL REPEAT RW QD
     pid=$!
     for _ in $(seq 200); do [[ -S $VSOCK ]] && break; sleep 0.05; done
     [[ -S $VSOCK ]] || { echo "$setup did not listen" >&2; cat "$RES/vd.log" >&2; exit 1; }
-    ( while kill -0 "$pid" 2>/dev/null; do echo "$(cpu_ticks "$pid" 2>/dev/null || echo 0) $(hwm_kib "$pid")" >"$RES/vd.sample.tmp" && mv "$RES/vd.sample.tmp" "$RES/vd.sample"; sleep 0.1; done ) &
+    ( while kill -0 "$pid" 2>/dev/null; do echo "$(cpu_ticks "$pid" 2>/dev/null || echo 0) $(peak_kib "$pid" 2>/dev/null || echo 0)" >"$RES/vd.sample.tmp" && mv "$RES/vd.sample.tmp" "$RES/vd.sample"; sleep 0.1; done ) &
     local sampler=$! s0
     s0=$(cpu_ticks "$pid")
     "$BIN" fs drive-virtiofs --socket-path "$VSOCK" --file bench.dat --rw "$rw" --iodepth "$qd" \
@@ -389,5 +419,26 @@ if q2:
         if k != "ops_s" and v.get("ext4") and "iolift-pt" in v:
             r = v["iolift-pt"] / v["ext4"]
             print(f"  target: iolift FUSE mirror --passthrough {c} >= 0.9x ext4 ({r:.2f}x): {'met' if r >= 0.9 else 'NOT met'}")
+    # The FUSE floor: the null backend answers at once, so no server over
+    # the same transport and timeouts beats it. For QD1 and the one-thread
+    # metadata loops the time per op is 1/rate: null minus ext4 is what
+    # the kernel's FUSE round trip adds, bindfs minus null is bindfs's own
+    # work (all that a faster server could take away).
+    for c in cells:
+        if not (c.endswith("-qd1") or c.startswith(("stat", "create"))):
+            continue
+        rs = [r for r in rows if r["cell"] == c and r["setup"] in q2]
+        k = "ops_s" if "ops_s" in rs[0] else "iops"
+        v = {s: med([r[k] for r in rs if r["setup"] == s]) for s in q2}
+        us = {s: 1e6 / v[s] for s in v if v[s]}
+        for n in ("null-fuser", "null-uring"):
+            if n not in us or "bindfs" not in us:
+                continue
+            r = v[n] / v["bindfs"]
+            line = f"  floor: {n} {c}: {r:.2f}x bindfs ({'room for 1.5x' if r >= 1.5 else 'below 1.5x: an instant server over this transport does not reach the target'}); us/op: {n} {us[n]:.1f}, bindfs {us['bindfs']:.1f}"
+            if "ext4" in us:
+                rt = us[n] - us["ext4"]
+                line += f", ext4 {us['ext4']:.1f}; FUSE round trip (null - ext4) {rt:.1f} us = {100 * rt / us['bindfs']:.0f}% of bindfs's op"
+            print(line)
 EOF
 echo "load after: $(uptime)"
