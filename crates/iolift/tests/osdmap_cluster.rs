@@ -15,17 +15,6 @@ use rbd_util::{run_limited, Cluster};
 use std::process::Command;
 use std::time::Duration;
 
-fn ceph(cl: &Cluster, args: &[&str]) -> String {
-    let mut c = Command::new("ceph");
-    c.arg("-c")
-        .arg(&cl.conf)
-        .args(["--connect-timeout", "20"])
-        .args(args);
-    let (ok, out) = run_limited(&mut c, Duration::from_secs(90));
-    assert!(ok, "ceph {args:?} failed:\n{out}");
-    out
-}
-
 fn run(prog: &str, args: &[&str]) -> (i32, String, String) {
     let o = Command::new(prog).args(args).output().unwrap();
     (
@@ -46,25 +35,19 @@ fn ours(args: &[&str]) -> String {
 #[test]
 fn cluster_map_round_trip_and_reports() {
     let cl = Cluster::start("16M", &[]);
-    ceph(
-        &cl,
-        &[
-            "osd",
-            "erasure-code-profile",
-            "set",
-            "ecp",
-            "k=2",
-            "m=1",
-            "crush-failure-domain=osd",
-        ],
-    );
-    ceph(
-        &cl,
-        &[
-            "osd", "pool", "create", "ecpool", "16", "16", "erasure", "ecp",
-        ],
-    );
-    let pools = ceph(&cl, &["osd", "pool", "ls", "detail"]);
+    cl.ceph(&[
+        "osd",
+        "erasure-code-profile",
+        "set",
+        "ecp",
+        "k=2",
+        "m=1",
+        "crush-failure-domain=osd",
+    ]);
+    cl.ceph(&[
+        "osd", "pool", "create", "ecpool", "16", "16", "erasure", "ecp",
+    ]);
+    let pools = cl.ceph(&["osd", "pool", "ls", "detail"]);
     let id_of = |name: &str| -> String {
         let l = pools
             .lines()
@@ -73,30 +56,24 @@ fn cluster_map_round_trip_and_reports() {
         l.split_whitespace().nth(1).unwrap().to_string()
     };
     let (rbd, ec) = (id_of("rbd"), id_of("ecpool"));
-    ceph(
-        &cl,
-        &["osd", "pool", "create", "two", "16", "16", "replicated"],
-    );
-    ceph(
-        &cl,
-        &[
-            "osd",
-            "pool",
-            "set",
-            "two",
-            "size",
-            "2",
-            "--yes-i-really-mean-it",
-        ],
-    );
-    ceph(&cl, &["osd", "set-require-min-compat-client", "luminous"]);
-    ceph(&cl, &["osd", "reweight", "2", "0.6"]);
+    cl.ceph(&["osd", "pool", "create", "two", "16", "16", "replicated"]);
+    cl.ceph(&[
+        "osd",
+        "pool",
+        "set",
+        "two",
+        "size",
+        "2",
+        "--yes-i-really-mean-it",
+    ]);
+    cl.ceph(&["osd", "set-require-min-compat-client", "luminous"]);
+    cl.ceph(&["osd", "reweight", "2", "0.6"]);
     // An upmap the monitor keeps must move a PG: find a PG of the size-2
     // pool that leaves out osd.0 or osd.1 and move one of its other OSDs
     // there (osd.2, reweighted, is never the source).
     let map = cl.cdir().join("osdmap.bin");
     let ms = map.to_str().unwrap();
-    ceph(&cl, &["osd", "getmap", "-o", ms]);
+    cl.ceph(&["osd", "getmap", "-o", ms]);
     let m = iolift_osdmap::decode(&std::fs::read(&map).unwrap()).unwrap();
     let two = m.pool_by_name("two").expect("pool two").id;
     let mut mapper = iolift_osdmap::Mapper::new(&m);
@@ -115,9 +92,9 @@ fn cluster_map_round_trip_and_reports() {
         .expect("a PG without osd.0 or osd.1");
     drop(mapper);
     let (pgs, froms, tos) = (pg.to_string(), from.to_string(), to.to_string());
-    ceph(&cl, &["osd", "pg-upmap-items", &pgs, &froms, &tos]);
-    ceph(&cl, &["osd", "primary-affinity", "osd.1", "0.25"]);
-    ceph(&cl, &["osd", "getmap", "-o", ms]);
+    cl.ceph(&["osd", "pg-upmap-items", &pgs, &froms, &tos]);
+    cl.ceph(&["osd", "primary-affinity", "osd.1", "0.25"]);
+    cl.ceph(&["osd", "getmap", "-o", ms]);
 
     let bytes = std::fs::read(&map).unwrap();
     let m = iolift_osdmap::decode(&bytes).unwrap();
@@ -150,7 +127,7 @@ fn cluster_map_round_trip_and_reports() {
     }
     for (pool, id) in [("rbd", rbd.as_str()), ("ecpool", ec.as_str())] {
         for name in ["a", "rbd_data.10ab.0000000000000000", "obj-7", "zz"] {
-            let want = ceph(&cl, &["osd", "map", pool, name]);
+            let want = cl.ceph(&["osd", "map", pool, name]);
             // `... -> pg 1.8bd9a2e1 (1.1) -> up ([2,0,1], p2) acting ([2,0,1], p2)`
             let after_pg = want.split(" -> pg ").nth(1).unwrap();
             let pg = after_pg
@@ -203,7 +180,7 @@ fn cluster_map_round_trip_and_reports() {
     let ds = dump.to_str().unwrap();
     let mut sizes = String::new();
     for _ in 0..30 {
-        ceph(&cl, &["pg", "dump", "-f", "json", "-o", ds]);
+        cl.ceph(&["pg", "dump", "-f", "json", "-o", ds]);
         // an independent reader of the same file: python's json
         let (code, out, err) = run(
             "python3",

@@ -7,20 +7,8 @@
 
 mod rbd_util;
 
-use rbd_util::{run_limited, Cluster};
+use rbd_util::Cluster;
 use std::process::Command;
-use std::time::Duration;
-
-fn ceph(cl: &Cluster, args: &[&str]) -> String {
-    let mut c = Command::new("ceph");
-    c.arg("-c")
-        .arg(&cl.conf)
-        .args(["--connect-timeout", "20"])
-        .args(args);
-    let (ok, out) = run_limited(&mut c, Duration::from_secs(90));
-    assert!(ok, "ceph {args:?} failed:\n{out}");
-    out
-}
 
 fn up_of(m: &iolift_osdmap::OsdMap, pg: iolift_osdmap::PgId) -> Vec<i32> {
     let mut p = iolift_osdmap::PgPlacement::default();
@@ -40,9 +28,9 @@ fn cluster_accepts_our_upmaps_and_places_as_predicted() {
             ("CEPH_LOCAL_TIMEOUT", "145"),
         ],
     );
-    ceph(&cl, &["osd", "set-require-min-compat-client", "luminous"]);
+    cl.ceph(&["osd", "set-require-min-compat-client", "luminous"]);
     // the manager's own balancer must not add entries meanwhile
-    ceph(&cl, &["balancer", "off"]);
+    cl.ceph(&["balancer", "off"]);
     let dir = cl.cdir();
     let (m, saved, cmds) = (dir.join("map.bin"), dir.join("saved.bin"), dir.join("cmds"));
     let (ms, ss, cs) = (
@@ -50,7 +38,7 @@ fn cluster_accepts_our_upmaps_and_places_as_predicted() {
         saved.to_str().unwrap(),
         cmds.to_str().unwrap(),
     );
-    ceph(&cl, &["osd", "getmap", "-o", ms]);
+    cl.ceph(&["osd", "getmap", "-o", ms]);
     std::fs::copy(&m, &saved).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_iolift"))
         .args(["osdmap", ss, "--upmap", cs, "--upmap-deviation", "1"])
@@ -77,14 +65,14 @@ fn cluster_accepts_our_upmaps_and_places_as_predicted() {
     for l in &lines {
         let w: Vec<&str> = l.split_whitespace().collect();
         assert_eq!(&w[..3], ["ceph", "osd", "pg-upmap-items"], "{l}");
-        ceph(&cl, &w[1..]);
+        cl.ceph(&w[1..]);
         let pairs: Vec<(i32, i32)> = w[4..]
             .chunks(2)
             .map(|c| (c[0].parse().unwrap(), c[1].parse().unwrap()))
             .collect();
         want.insert(w[3].parse::<iolift_osdmap::PgId>().unwrap(), pairs);
     }
-    ceph(&cl, &["osd", "getmap", "-o", ms]);
+    cl.ceph(&["osd", "getmap", "-o", ms]);
     let now = iolift_osdmap::decode(&std::fs::read(&m).unwrap()).unwrap();
     let ours = iolift_osdmap::decode(&std::fs::read(&saved).unwrap()).unwrap();
     assert_eq!(now.pg_upmap_items, want, "the monitor kept what we sent");
@@ -99,7 +87,7 @@ fn cluster_accepts_our_upmaps_and_places_as_predicted() {
     }
     for pg in want.keys() {
         // "osdmap eN pg P (P) -> up [a,b] acting [a,b]"
-        let s = ceph(&cl, &["pg", "map", &pg.to_string()]);
+        let s = cl.ceph(&["pg", "map", &pg.to_string()]);
         let up = s
             .split("up [")
             .nth(1)

@@ -9,20 +9,8 @@ mod common;
 mod rbd_util;
 
 use common::*;
-use rbd_util::{run_limited, Cluster};
+use rbd_util::Cluster;
 use std::process::Command;
-use std::time::Duration;
-
-fn ceph(cl: &Cluster, args: &[&str]) -> String {
-    let mut c = Command::new("ceph");
-    c.arg("-c")
-        .arg(&cl.conf)
-        .args(["--connect-timeout", "20"])
-        .args(args);
-    let (ok, out) = run_limited(&mut c, Duration::from_secs(60));
-    assert!(ok, "ceph {args:?} failed:\n{out}");
-    out
-}
 
 /// The token after `key` in a whitespace-separated line.
 fn after<'a>(line: &'a str, key: &str) -> &'a str {
@@ -69,8 +57,8 @@ fn map_object_matches_ceph_osd_map() {
     let cl = Cluster::shared("rbd", 3, None);
     let dir = tempfile::tempdir().unwrap();
     let map = dir.path().join("crush.bin");
-    ceph(&cl, &["osd", "getcrushmap", "-o", map.to_str().unwrap()]);
-    let detail = ceph(&cl, &["osd", "pool", "ls", "detail"]);
+    cl.ceph(&["osd", "getcrushmap", "-o", map.to_str().unwrap()]);
+    let detail = cl.ceph(&["osd", "pool", "ls", "detail"]);
     let line = detail
         .lines()
         .find(|l| l.contains(&format!("'{}'", cl.pool)))
@@ -100,7 +88,7 @@ fn map_object_matches_ceph_osd_map() {
         if let Some(n) = ns {
             args.push(n);
         }
-        let theirs = parse_ceph_map(&ceph(&cl, &args));
+        let theirs = parse_ceph_map(&cl.ceph(&args));
 
         let mut c = Command::new(iolift_bin());
         c.args(["crush", "map-object", "-i", map.to_str().unwrap()])

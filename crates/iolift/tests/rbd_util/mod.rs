@@ -179,6 +179,19 @@ impl Cluster {
         out.trim().parse().unwrap_or(0)
     }
 
+    /// `ceph -c CONF --connect-timeout 20 ARGS...` with a 90 s limit;
+    /// panics on failure, returns stdout and stderr.
+    pub fn ceph(&self, args: &[&str]) -> String {
+        let mut c = Command::new("ceph");
+        c.arg("-c")
+            .arg(&self.conf)
+            .args(["--connect-timeout", "20"])
+            .args(args);
+        let (ok, out) = run_limited(&mut c, Duration::from_secs(90));
+        assert!(ok, "ceph {args:?} failed:\n{out}");
+        out
+    }
+
     /// `ceph -s` text (for messages).
     pub fn status(&self) -> String {
         let mut c = Command::new("ceph");
