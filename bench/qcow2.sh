@@ -21,11 +21,16 @@
 #   hitq     (MAIN_SERVERS="... hitq ...") hitu with inline_us=0: every hit
 #            through the ring thread (the path before the inline ring)
 #   hitc     hitu with placement=conn: one data path per NBD connection
+#   hits     hitu with spin_us=$SPIN_US (default 50): a request alone on its
+#            data path spins on its ring's completion up to that long
+#            before sleeping in io_uring_enter (no wake-up when the device
+#            answers within it; a CPU busy meanwhile)
 #   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit)
 # Sections:
 #   main     1 GiB image, 64 KiB clusters: QD 1..128 (QDS), and 4
 #            connections at QD 8
 #   miss     (MISS=1) cp against miss at QD 1 and 32 and 4 connections x QD 8
+#   spin     (SPIN=1) QD 1 reads: both qemu-nbds against hits (hitu is in main)
 #   place    (PLACE=1) the data path per worker (hitu) against per
 #            connection (hitc), 4 connections at QD 8
 #   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
@@ -40,10 +45,11 @@
 # socket reported, peak RSS, and the targets as met / not met. Not a
 # test: see docs/qcow2.md.
 #
-#   bench/qcow2.sh                       # R=3, 2 s per job: about 6 minutes
+#   bench/qcow2.sh                       # R=3, 2 s per job: about 10 minutes
+#   PLACE=0 SMALL=0 bench/qcow2.sh       # about 8 minutes
 #   R=5 RUNTIME=5 SIZE=4G bench/qcow2.sh
 #   DIRECT=0 bench/qcow2.sh              # through the page cache instead
-#   SMALL=0 WRITES=0 PLACE=0 MISS=0 bench/qcow2.sh   # the main section only
+#   SMALL=0 WRITES=0 PLACE=0 MISS=0 SPIN=0 bench/qcow2.sh   # the main section only
 #   MAIN_SERVERS="qemu qemuu hitq hitu" QDS="1 8" bench/qcow2.sh
 #   BUILD=0 bench/qcow2.sh               # use the binary already built
 #   KEEP=1 bench/qcow2.sh                # keep the fio JSON files
@@ -58,6 +64,8 @@ DIRECT=${DIRECT:-1}
 SMALL=${SMALL:-1}
 WRITES=${WRITES:-1}
 PLACE=${PLACE:-1}
+SPIN=${SPIN:-1}
+SPIN_US=${SPIN_US:-50}
 MISS=${MISS:-1}
 QAIO=${QAIO:-native}
 MAIN_SERVERS=${MAIN_SERVERS:-"qemu qemuu hitu raw"}
@@ -111,6 +119,7 @@ start_server() { # name socket image entries readonly(1/0)
         hitu) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring" 2>"$WORK/$s.log" & ;;
         hitq) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,inline_us=0" 2>"$WORK/$s.log" & ;;
         hitc) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,placement=conn" 2>"$WORK/$s.log" & ;;
+        hits) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=$SPIN_US" 2>"$WORK/$s.log" & ;;
         raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
     esac
     SERVER_PID=$!
@@ -177,6 +186,9 @@ MAIN_JOBS=""; for q in $QDS; do MAIN_JOBS+=" qd$q"; done
 section main "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "$MAIN_SERVERS" $MAIN_JOBS qd8x4
 if [[ $MISS == 1 ]]; then
     section miss "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "cp miss" qd1 qd32 qd8x4
+fi
+if [[ $SPIN == 1 ]]; then
+    section spin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hits" qd1
 fi
 if [[ $PLACE == 1 ]]; then
     section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hitu hitc" qd8x4
@@ -271,8 +283,8 @@ for line in open(f"{work}/sections"):
         print(f"[{sec}] {s:<5} peak RSS median {statistics.median(rss) / 1024:.1f} MiB{hrs}")
     M = lambda s, j, k: med[sec, s, j][k]
     P = lambda j: peer[sec, j]
-    if sec in ("main", "small", "place"):
-        for h in ("hit", "hitw", "hitq", "hitu", "hitc"):
+    if sec in ("main", "small", "place", "spin"):
+        for h in ("hit", "hitw", "hitq", "hitu", "hitc", "hits"):
             if h not in servers or not qemus:
                 continue
             for j in jobs:
