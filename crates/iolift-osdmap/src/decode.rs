@@ -248,14 +248,9 @@ fn pg_id(r: &mut Reader, field: &str) -> Result<PgId> {
 /// `entity_addr_t`: marker 0 is the legacy fixed layout, 1 a versioned struct.
 pub(crate) fn skip_addr(r: &mut Reader, field: &str) -> Result<()> {
     let at = r.offset();
-    match r.u8(field)? {
-        0 => {
-            r.take(3 + 4 + 128, field)?;
-        }
-        1 => {
-            r.header(field)?;
-        }
-        m => return Err(r.corrupt(at, field, format!("address marker {m}"))),
+    let m = r.u8(field)?;
+    if !skip_addr_body(r, m, field)? {
+        return Err(r.corrupt(at, field, format!("address marker {m}")));
     }
     Ok(())
 }
@@ -263,22 +258,27 @@ pub(crate) fn skip_addr(r: &mut Reader, field: &str) -> Result<()> {
 /// `entity_addrvec_t`: marker 0/1 a single address, 2 a vector of them.
 pub(crate) fn skip_addrvec(r: &mut Reader, field: &str) -> Result<()> {
     let at = r.offset();
-    match r.u8(field)? {
-        0 => {
-            r.take(3 + 4 + 128, field)?;
+    let m = r.u8(field)?;
+    if m == 2 {
+        let n = r.count(field, 1)?;
+        for _ in 0..n {
+            skip_addr(r, field)?;
         }
-        1 => {
-            r.header(field)?;
-        }
-        2 => {
-            let n = r.count(field, 1)?;
-            for _ in 0..n {
-                skip_addr(r, field)?;
-            }
-        }
-        m => return Err(r.corrupt(at, field, format!("address vector marker {m}"))),
+    } else if !skip_addr_body(r, m, field)? {
+        return Err(r.corrupt(at, field, format!("address vector marker {m}")));
     }
     Ok(())
+}
+
+/// The rest of an `entity_addr_t` whose marker `m` was just read; false
+/// (nothing read) for a marker other than 0 and 1.
+fn skip_addr_body(r: &mut Reader, m: u8, field: &str) -> Result<bool> {
+    match m {
+        0 => r.take(3 + 4 + 128, field).map(drop)?,
+        1 => r.header(field).map(drop)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// `pg_pool_t`: the leading fields up to min_size are read; the whole
