@@ -16,7 +16,7 @@
 //! buffers the engine fills; no implementation exists yet (see
 //! docs/direct.md).
 
-use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
+use std::alloc::{alloc, alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::io;
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +46,37 @@ impl AlignedBuf {
         if ptr.is_null() {
             handle_alloc_error(layout);
         }
+        AlignedBuf { ptr, len, cap }
+    }
+
+    /// A buffer holding a copy of `src`: the bytes are copied once, not
+    /// zeroed first (only the allocation's tail past them is zeroed).
+    pub fn copy_of(src: &[u8]) -> AlignedBuf {
+        Self::concat([src], src.len())
+    }
+
+    /// A buffer of `len` bytes holding `parts` one after the other (at
+    /// most `len` bytes of them), zeroes after them: each byte is written
+    /// once.
+    pub fn concat<'a>(parts: impl IntoIterator<Item = &'a [u8]>, len: usize) -> AlignedBuf {
+        let cap = len.max(1).div_ceil(ALIGN) * ALIGN;
+        let layout = Layout::from_size_align(cap, ALIGN).expect("buffer layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        if ptr.is_null() {
+            handle_alloc_error(layout);
+        }
+        let mut at = 0;
+        for p in parts {
+            let n = p.len().min(len - at);
+            // SAFETY: `at + n <= len <= cap` bytes of the new allocation;
+            // `p` is another object, so they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), ptr.add(at), n) };
+            at += n;
+        }
+        // SAFETY: the rest of the allocation, `at..cap`: every byte of
+        // the buffer is initialised, as `new`'s are.
+        unsafe { std::ptr::write_bytes(ptr.add(at), 0, cap - at) };
         AlignedBuf { ptr, len, cap }
     }
 
@@ -355,6 +386,27 @@ mod tests {
             assert!(b.capacity() >= len && b.capacity().is_multiple_of(ALIGN));
             assert!(b.iter().all(|&x| x == 0));
         }
+    }
+
+    #[test]
+    fn copies_hold_their_bytes_and_zeroes_after_them() {
+        let src: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let mut b = AlignedBuf::copy_of(&src);
+        assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+        assert_eq!(&b[..], &src[..]);
+        // The tail up to the capacity is zeroed, not left as it was.
+        let cap = b.capacity();
+        b.set_len(cap);
+        assert!(b[5000..].iter().all(|&x| x == 0));
+        let c = AlignedBuf::concat([&src[..100], &src[100..300], &src[..50]], 400);
+        assert_eq!(c.len(), 400);
+        assert_eq!(&c[..300], &src[..300]);
+        assert_eq!(&c[300..350], &src[..50]);
+        assert!(c[350..].iter().all(|&x| x == 0), "zeroes after the parts");
+        // Parts past the length are cut.
+        let d = AlignedBuf::concat([&src[..], &src[..]], 6000);
+        assert_eq!(&d[..5000], &src[..]);
+        assert_eq!(&d[5000..], &src[..1000]);
     }
 
     #[test]

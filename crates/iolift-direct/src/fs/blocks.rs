@@ -63,8 +63,7 @@ impl Fs {
             .into_iter()
             .map(|blk| {
                 let at = blk as usize * self.dev.bs;
-                let mut a = AlignedBuf::new(self.dev.bs);
-                a.copy_from_slice(&self.bitmap[at..at + self.dev.bs]);
+                let a = AlignedBuf::copy_of(&self.bitmap[at..at + self.dev.bs]);
                 (self.sb.bitmap_start as u64 + blk, a)
             })
             .collect();
@@ -189,8 +188,7 @@ impl Fs {
             self.ind_cache_put(blk, b);
             return Ok(blk);
         }
-        let mut copy = AlignedBuf::new(self.dev.bs);
-        copy.copy_from_slice(&b);
+        let copy = AlignedBuf::copy_of(&b);
         self.dev.write(blk, b)?;
         self.ind_cache_put(blk, copy);
         Ok(blk)

@@ -134,8 +134,7 @@ impl Cache {
     pub fn copy_and_clean(&mut self, fb: u64) -> Option<AlignedBuf> {
         let s = self.map.get_mut(&fb)?;
         s.dirty = false;
-        let mut c = AlignedBuf::new(s.data.len());
-        c.copy_from_slice(&s.data);
+        let c = AlignedBuf::copy_of(&s.data);
         Some(c)
     }
 }

@@ -16,8 +16,7 @@ impl Fs {
     /// A copy of directory block `phys`, from memory or read from the disk.
     pub(super) fn dir_block(&self, phys: u64) -> io::Result<AlignedBuf> {
         if let Some(b) = self.dir_cache.borrow().get(&phys) {
-            let mut c = AlignedBuf::new(b.len());
-            c.copy_from_slice(b);
+            let c = AlignedBuf::copy_of(b);
             return Ok(c);
         }
         let b = self.dev.read(phys)?;
@@ -27,8 +26,7 @@ impl Fs {
 
     /// Writes directory block `phys` and keeps a copy.
     pub(super) fn put_dir_block(&mut self, phys: u64, b: AlignedBuf) -> io::Result<()> {
-        let mut c = AlignedBuf::new(b.len());
-        c.copy_from_slice(&b);
+        let c = AlignedBuf::copy_of(&b);
         self.dev.write(phys, b)?;
         self.dir_cache_put(phys, &c);
         Ok(())
@@ -40,8 +38,7 @@ impl Fs {
             // Directories here are few and small: start over.
             c.clear();
         }
-        let mut copy = AlignedBuf::new(b.len());
-        copy.copy_from_slice(b);
+        let copy = AlignedBuf::copy_of(b);
         c.insert(phys, copy);
     }
 }

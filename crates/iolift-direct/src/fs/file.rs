@@ -162,8 +162,7 @@ impl Fs {
         // eviction for a later one can take it.
         for (i, chunk) in run.chunks_exact(bs as usize).enumerate().rev() {
             self.make_room(f)?;
-            let mut b = AlignedBuf::new(bs as usize);
-            b.copy_from_slice(chunk);
+            let b = AlignedBuf::copy_of(chunk);
             f.cache.insert(fb + i as u64, b);
         }
         f.ra_next = fb + n;

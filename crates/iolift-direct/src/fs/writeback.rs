@@ -76,8 +76,7 @@ impl Fs {
     fn pending_copies(&self, n: &Inode, pending: Vec<u64>) -> Vec<Vec<(u64, AlignedBuf)>> {
         let c = self.ind_cache.borrow();
         let copy = |b: u64| {
-            let mut a = AlignedBuf::new(self.dev.bs);
-            a.copy_from_slice(&c[&b]);
+            let a = AlignedBuf::copy_of(&c[&b]);
             (b, a)
         };
         let (top, rest): (Vec<u64>, Vec<u64>) =
@@ -93,8 +92,7 @@ impl Fs {
     fn write_pending(&mut self, n: &Inode, pending: Vec<u64>) -> io::Result<()> {
         let copy = |fs: &Self, b: u64| {
             let c = fs.ind_cache.borrow();
-            let mut a = AlignedBuf::new(fs.dev.bs);
-            a.copy_from_slice(&c[&b]);
+            let a = AlignedBuf::copy_of(&c[&b]);
             (b, a)
         };
         let (top, rest): (Vec<u64>, Vec<u64>) =
@@ -147,8 +145,7 @@ impl Fs {
         let mut writes = Vec::with_capacity(touched.len());
         for blk in touched {
             let at = blk as usize * self.dev.bs;
-            let mut a = AlignedBuf::new(self.dev.bs);
-            a.copy_from_slice(&self.bitmap[at..at + self.dev.bs]);
+            let a = AlignedBuf::copy_of(&self.bitmap[at..at + self.dev.bs]);
             writes.push((self.sb.bitmap_start as u64 + blk, a));
         }
         if let Err(e) = self.dev.write_many(writes) {
@@ -212,11 +209,7 @@ impl super::Dev {
             let buf = if n == 1 {
                 run.pop().expect("one block")
             } else {
-                let mut a = AlignedBuf::new(n * self.bs);
-                for (i, d) in run.iter().enumerate() {
-                    a[i * self.bs..(i + 1) * self.bs].copy_from_slice(&d[..self.bs]);
-                }
-                a
+                AlignedBuf::concat(run.iter().map(|d| &d[..self.bs]), n * self.bs)
             };
             runs.push((first, n, buf));
         }
