@@ -196,6 +196,19 @@ fn kill_9_keeps_every_synced_write() {
     // db_bench's fillsync: random keys, num/1000 writes each synced.
     let n = 50 + rng.below(200) as usize;
     kill_during(&img, &["--benchmarks=fillsync", "--num=10000000"], n);
+    // Soft syncs (no device flush): a killed process loses nothing synced
+    // either, the kernel keeps every completed write.
+    let n = 50 + rng.below(200) as usize;
+    kill_during(
+        &img,
+        &[
+            "--benchmarks=fillsync",
+            "--num=10000000",
+            "--use_existing_db=1",
+            "--accelfs_sync=soft",
+        ],
+        n,
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use iolift_direct::fs::{fsck, mkfs, Fs, Mkfs};
 use iolift_direct::{Config, Direct, Engine, Open, Target};
 use iolift_kv::bench::{self, BenchOpts};
 use iolift_kv::env::lock_image;
-use iolift_kv::{AccelEnv, EnvConfig, PosixSyncEnv};
+use iolift_kv::{AccelEnv, EnvConfig, PosixSyncEnv, SyncMode};
 use rusty_leveldb::{LdbIterator, Options, PosixDiskEnv, DB};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,7 +31,8 @@ enum Sub {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum EnvKind {
-    /// AccelFS on --image through the io_uring engine; sync = hard sync.
+    /// AccelFS on --image through the io_uring engine; sync = hard sync
+    /// (or soft, --accelfs_sync soft).
     Accelfs,
     /// rusty-leveldb's own POSIX environment on --db (its sync is a
     /// write(2) without fsync).
@@ -45,6 +46,17 @@ enum DirectArg {
     Auto,
     On,
     Off,
+}
+
+/// What the engine's sync does on AccelFS (`SyncMode`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SyncArg {
+    /// Dirty blocks, inode, device flush: survives a power loss (as
+    /// --env posix-fsync).
+    Hard,
+    /// Dirty blocks and inode written, no device flush: survives the
+    /// process being killed, not a power loss (as --env posix).
+    Soft,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +114,11 @@ struct StoreArgs {
     open_files: usize,
     #[arg(long = "compression_type", value_enum, default_value = "none")]
     compression: Compression,
+    /// The engine's sync on AccelFS: hard (with a device flush, the
+    /// durability of --env posix-fsync) or soft (without, the durability
+    /// of --env posix).
+    #[arg(long = "accelfs_sync", value_enum, default_value = "hard")]
+    accelfs_sync: SyncArg,
     /// Check the file system after the run (--env accelfs); errors fail.
     #[arg(long)]
     fsck: bool,
@@ -255,9 +272,10 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
     }
     let fs = Fs::mount(eng).with_context(|| format!("mount {}", image.display()))?;
     let what = format!(
-        "accelfs on {} ({} byte blocks, {io}), database {}",
+        "accelfs on {} ({} byte blocks, {io}, {} sync), database {}",
         image.display(),
         fs.superblock().block_size,
+        format!("{:?}", a.accelfs_sync).to_lowercase(),
         a.db
     );
     let cache_budget = (a.accelfs_cache_mb << 20) / fs.superblock().block_size as usize;
@@ -266,6 +284,10 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
         &EnvConfig {
             cache_blocks: a.cache_blocks,
             cache_budget,
+            sync: match a.accelfs_sync {
+                SyncArg::Hard => SyncMode::Hard,
+                SyncArg::Soft => SyncMode::Soft,
+            },
         },
         Some(lock),
     );
