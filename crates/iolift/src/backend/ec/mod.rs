@@ -13,7 +13,7 @@
 //! (rebuild and check), `gpu.rs` (encoding on the offload engine),
 //! `meta.rs` (crc-table pages written at a flush), `encode.rs` (parity
 //! and crcs in one pass), `run.rs` (runs of whole stripes as one update),
-//! `metrics.rs`.
+//! `pool.rs` (parity buffers reused), `metrics.rs`.
 //! See docs/ec-device.md for the layout, the crash rule and the budgets.
 
 use super::{BackendSpec, Kind, OptHelp};
@@ -34,6 +34,7 @@ pub mod layout;
 mod meta;
 mod metrics;
 mod open;
+mod pool;
 mod read;
 pub mod rebuild;
 mod run;
@@ -129,6 +130,12 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "most consecutive whole stripes written as one update, one write per child (memory: 2 x (k+m) x chunk per stripe; 1: stripe by stripe)",
     },
     OptHelp {
+        name: "pool",
+        kind: Kind::Size,
+        default: "16M",
+        help: "most bytes of free parity buffers kept for reuse (0: a new buffer per update)",
+    },
+    OptHelp {
         name: "barrier",
         kind: Kind::Flag,
         default: "off",
@@ -178,6 +185,8 @@ pub struct Config {
     pub wb_bg: usize,
     /// Most stripes per run of whole stripes (run.rs).
     pub run: usize,
+    /// Most bytes of free parity buffers kept (pool.rs).
+    pub pool: u64,
     pub auto_rebuild: bool,
     pub crc_mem: u64,
     pub crc_dirty: u64,
@@ -281,6 +290,7 @@ pub fn parse(s: &BackendSpec) -> Result<Config> {
             n @ 1..=64 => n as usize,
             n => return Err(o.err("run", format_args!("{n}: 1 to 64"))),
         },
+        pool: o.size("pool", 16 << 20)?,
         auto_rebuild: o.choice("rebuild", &["auto", "off"], "auto")? == "auto",
         crc_mem: o.size("crc_mem", 256 << 20)?,
         crc_dirty: o.size("crc_dirty", 1 << 20)?,
@@ -361,6 +371,8 @@ pub struct Inner {
     pub meta_dirty: meta::Dirty,
     /// Most stripes per run of whole stripes (`run`).
     pub run_max: usize,
+    /// Parity buffers for reuse (`pool`).
+    pub pool: Arc<pool::Pool>,
 }
 
 impl Inner {

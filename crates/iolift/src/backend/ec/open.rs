@@ -99,6 +99,7 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
         intent: bitmap::Intent::new(1, 1, 1),
         wb: Wb::new(cfg.wb, cfg.wb_bg),
         run_max: cfg.run,
+        pool: super::pool::Pool::new(cfg.pool as usize),
         meta_dirty: meta::Dirty::new(0, 0, cfg.crc_dirty),
     };
     let mut found = Vec::with_capacity(n);

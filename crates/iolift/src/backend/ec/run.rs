@@ -176,11 +176,15 @@ impl Inner {
         let parts: Vec<usize> = (0..k + m).filter(|&c| self.writable(c)).collect();
         let bpc = chunk / BLOCK as usize;
         let mut sums: Vec<Vec<u32>> = parts.iter().map(|_| Vec::with_capacity(n * bpc)).collect();
-        let mut parity: Vec<Vec<u8>> = vec![vec![0u8; n * chunk]; m];
-        let mut copy: Vec<Option<BytesMut>> = (0..k)
+        let mut parity: Vec<Vec<u8>> = (0..m).map(|_| self.pool.get(n * chunk)).collect();
+        // gathered data: emptied pool buffers, filled by the encode pass
+        let mut copy: Vec<Option<Vec<u8>>> = (0..k)
             .map(|c| {
-                (self.children[c].gather && self.writable(c))
-                    .then(|| BytesMut::with_capacity(n * chunk))
+                (self.children[c].gather && self.writable(c)).then(|| {
+                    let mut b = self.pool.get(n * chunk);
+                    b.clear();
+                    b
+                })
             })
             .collect();
         for (i, d) in data.iter().enumerate() {
@@ -191,9 +195,11 @@ impl Inner {
                 .collect();
             encode_tiles(self, &srcs, &mut outs, &parts, &mut sums, &mut copy)?;
         }
-        let parity: Vec<Bytes> = parity.into_iter().map(Bytes::from).collect();
-        let mut copy: Vec<Option<Bytes>> =
-            copy.into_iter().map(|b| b.map(BytesMut::freeze)).collect();
+        let parity: Vec<Bytes> = parity.into_iter().map(|p| self.pool.lend(p)).collect();
+        let mut copy: Vec<Option<Bytes>> = copy
+            .into_iter()
+            .map(|b| b.map(|b| self.pool.lend(b)))
+            .collect();
         for i in 0..n as u64 {
             self.intent_begin(first + i).await;
         }

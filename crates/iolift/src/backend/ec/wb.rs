@@ -8,7 +8,8 @@
 //! buffered stripe first). A stripe leaves the buffer through
 //! `Inner::write_stripe`, under the stripe's exclusive lock, when it is
 //! complete, when its pieces are too many, when the budget needs room
-//! (the oldest one goes), at a flush, after `IDLE` without new pieces, or
+//! (the lowest ready stripe with the ready whole ones after it, as one
+//! run, else the oldest one goes), at a flush, after `IDLE` without new pieces, or
 //! before a read of it. The buffer holds the writes' own bytes (no copy);
 //! at most `wb` bytes of pieces are held, in at most `wb / stripe bytes`
 //! stripes.
@@ -213,6 +214,16 @@ impl Wb {
                 None
             }
         }
+    }
+
+    /// For a request that found the buffer full: claims the lowest ready
+    /// stripe, with whether it is whole, to write it (and the ready whole
+    /// stripes after it) itself, as a background writer would.
+    pub fn claim_ready(&self) -> Option<(u64, bool)> {
+        let mut st = self.st();
+        let s = st.ready.pop_first()?;
+        let whole = st.map.get(&s).is_some_and(|e| e.whole);
+        Some((s, whole))
     }
 
     /// Claims stripe `s` if it is ready and whole (to extend a run).

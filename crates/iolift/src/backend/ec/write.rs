@@ -135,7 +135,14 @@ impl Inner {
                     return Ok(());
                 }
                 Put::Held(Some(x)) => return self.write_stripe(x, Vec::new()).await,
-                Put::Full(Some(victim)) => self.write_stripe(victim, Vec::new()).await?,
+                // full while stripes wait for a writer (the writers are
+                // behind): the lowest ready one and the ready whole ones
+                // after it are written here, as one run; else the oldest
+                Put::Full(Some(victim)) => match self.wb.claim_ready() {
+                    Some((r, true)) => self.write_run(r, Vec::new()).await?,
+                    Some((r, false)) => self.write_stripe(r, Vec::new()).await?,
+                    None => self.write_stripe(victim, Vec::new()).await?,
+                },
                 Put::Full(None) => break,
             }
         }
