@@ -19,7 +19,9 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueOwnedT;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -106,9 +108,7 @@ impl FsDevice {
             } else if req.len() + len > max {
                 bad = Some(format!("a request of more than {max} bytes"));
             } else if bad.is_none() {
-                let at = req.len();
-                req.resize(at + len, 0);
-                if let Err(e) = mem.read_slice(&mut req[at..], d.addr()) {
+                if let Err(e) = append_guest(&mut req, &mem, d.addr(), len) {
                     bad = Some(format!("unreadable guest memory at {:#x}: {e}", d.addr().0));
                 }
             }
@@ -172,6 +172,37 @@ impl FsDevice {
             })
         })
     }
+}
+
+/// Appends `len` bytes of guest memory at `addr` to `req`. A buffer that
+/// lies in one memory region (the usual case) is copied with one memcpy
+/// into the vector's spare room; one that spans regions goes through
+/// vm-memory's piecewise read (zero-filled first).
+fn append_guest(
+    req: &mut Vec<u8>,
+    mem: &GuestMemoryMmap,
+    addr: GuestAddress,
+    len: usize,
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let at = req.len();
+    if let Ok(vs) = mem.get_slice(addr, len) {
+        req.reserve(len);
+        let src = vs.ptr_guard();
+        // SAFETY: `src` covers `len` readable bytes of the mapping (checked
+        // by get_slice, kept mapped by the guard), `req` has room for
+        // `len` more bytes after `at`, and the two do not overlap (one is
+        // guest memory, the other this vector's heap block). The bytes
+        // copied are plain u8s, so every value is valid, and set_len
+        // covers only what was written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), req.as_mut_ptr().add(at), len);
+            req.set_len(at + len);
+        }
+        return Ok(());
+    }
+    req.resize(at + len, 0);
+    mem.read_slice(&mut req[at..], addr)
+        .inspect_err(|_| req.truncate(at))
 }
 
 impl VhostUserBackend for FsDevice {
