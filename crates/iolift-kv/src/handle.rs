@@ -16,7 +16,7 @@
 //! any file system's page cache (the kernel's survives a killed process,
 //! this one does not).
 
-use crate::env::SyncMode;
+use crate::sync::SyncMode;
 use iolift_direct::fs::{File, Fs};
 use rusty_leveldb::env::RandomAccess;
 use rusty_leveldb::Status;

@@ -15,6 +15,7 @@ pub mod bench;
 pub mod env;
 mod handle;
 pub mod posix;
+mod sync;
 
 pub use env::{AccelEnv, EnvConfig, SyncMode, KV_CACHE_BLOCKS};
 pub use posix::PosixSyncEnv;
