@@ -60,6 +60,23 @@ pub struct Bucket {
     pub uniform_weight: u32,
 }
 
+impl Bucket {
+    /// A straw2 bucket (rjenkins1 hash) of `items` with their `weights`
+    /// (16.16); its own weight is their sum.
+    pub fn straw2(id: i32, type_id: u16, items: Vec<i32>, weights: Vec<u32>) -> Bucket {
+        Bucket {
+            id,
+            type_id,
+            alg: ALG_STRAW2,
+            hash: 0,
+            weight: weights.iter().sum(),
+            items,
+            item_weights: weights,
+            ..Bucket::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
     pub op: u32,

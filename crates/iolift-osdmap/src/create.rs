@@ -14,7 +14,7 @@ use crate::codec::{
 use crate::types::{OsdMap, UTime};
 use crate::{OsdMapError, Result};
 use iolift_crush::map::{
-    Bucket, CrushMap, Rule, Step, Tunables, ALG_STRAW2, OP_CHOOSELEAF_FIRSTN, OP_EMIT, OP_TAKE,
+    Bucket, CrushMap, Rule, Step, Tunables, OP_CHOOSELEAF_FIRSTN, OP_EMIT, OP_TAKE,
 };
 use std::collections::BTreeMap;
 
@@ -38,19 +38,6 @@ const TYPES: &[&str] = &[
 /// osdmaptool itself takes more, so this only bounds memory).
 pub const MAX_SIMPLE_OSDS: i32 = 1 << 20;
 
-fn straw2(id: i32, type_id: u16, items: Vec<i32>, weights: Vec<u32>) -> Bucket {
-    Bucket {
-        id,
-        type_id,
-        alg: ALG_STRAW2,
-        hash: 0,
-        weight: weights.iter().sum(),
-        items,
-        item_weights: weights,
-        ..Bucket::default()
-    }
-}
-
 /// The crush map `build_simple_crush_map` makes for `n` OSDs.
 pub fn simple_crush(n: i32) -> Result<CrushMap> {
     if !(1..=MAX_SIMPLE_OSDS).contains(&n) {
@@ -62,9 +49,9 @@ pub fn simple_crush(n: i32) -> Result<CrushMap> {
     let total = w.checked_mul(n as u32).ok_or_else(|| {
         OsdMapError::Invalid(format!("osd count {n}: total weight overflows 16.16"))
     })?;
-    let host = straw2(-2, 1, (0..n).collect(), vec![w; n as usize]);
-    let rack = straw2(-3, 3, vec![-2], vec![total]);
-    let root = straw2(-1, 11, vec![-3], vec![total]);
+    let host = Bucket::straw2(-2, 1, (0..n).collect(), vec![w; n as usize]);
+    let rack = Bucket::straw2(-3, 3, vec![-2], vec![total]);
+    let root = Bucket::straw2(-1, 11, vec![-3], vec![total]);
     let mut tunables = Tunables::LEGACY;
     tunables
         .set_profile("jewel")

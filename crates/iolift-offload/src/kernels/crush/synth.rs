@@ -26,16 +26,7 @@ pub fn straw2_map(osds: usize, per_host: usize, hosts_per_rack: usize) -> CrushM
             .wrapping_add(1442695040888963407);
         (seed >> 33) as u32
     };
-    let mk = |id: i32, type_id: u16, items: Vec<i32>, ws: Vec<u32>| Bucket {
-        id,
-        type_id,
-        alg: ALG_STRAW2,
-        hash: 0,
-        weight: ws.iter().sum(),
-        items,
-        item_weights: ws,
-        ..Default::default()
-    };
+    let mk = Bucket::straw2;
     // ids: root -1, racks -2.., hosts after.
     let root_id = -1;
     let rack_id = |r: usize| -2 - r as i32;
