@@ -230,7 +230,14 @@ fn adaptive_poll_backs_off_on_a_busy_machine() {
             "reason=\"descheduled\"",
         );
     assert!(busy >= 1.0, "{during}");
-    assert_eq!(states_now(&during), ["backoff"], "{during}");
+    // off at the end: still backed off, or, where the hog's CPU pressure
+    // dipped for a moment and the back-off ended, a probe then found that
+    // sleeping wins ("unpolled"); never polling
+    let now = states_now(&during);
+    assert!(
+        now == ["backoff"] || now == ["unpolled"],
+        "{now:?}:\n{during}"
+    );
     assert_eq!(sum(&during, "iolift_nbd_poll_budget_us", "export"), 0.0);
     assert!(
         sum(&during, "iolift_nbd_poll_cpu_stall_permille", "export") > 200.0,
