@@ -26,11 +26,17 @@
 #            before sleeping in io_uring_enter (no wake-up when the device
 #            answers within it; a CPU busy meanwhile)
 #   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit)
+#   qraw     (floor section) qemu-nbd --cache=none --aio=io_uring serving the
+#            raw file: the NBD hop without any qcow2 translation
+#   dev      (floor section) no server: fio reads the raw file itself
+#            (io_uring, O_DIRECT), the disk's own latency
 # Sections:
 #   main     1 GiB image, 64 KiB clusters: QD 1..128 (QDS), and 4
 #            connections at QD 8
 #   miss     (MISS=1) cp against miss at QD 1 and 32 and 4 connections x QD 8
 #   spin     (SPIN=1) QD 1 reads: both qemu-nbds against hits (hitu is in main)
+#   floor    (FLOOR=1, off by default) QD 1 reads: qemuu, qraw, raw, dev and
+#            hitu: what the disk and the NBD hop leave to any server at QD 1
 #   place    (PLACE=1) the data path per worker (hitu) against per
 #            connection (hitc), 4 connections at QD 8
 #   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
@@ -51,6 +57,7 @@
 #   DIRECT=0 bench/qcow2.sh              # through the page cache instead
 #   SMALL=0 WRITES=0 PLACE=0 MISS=0 SPIN=0 bench/qcow2.sh   # the main section only
 #   MAIN_SERVERS="qemu qemuu hitq hitu" QDS="1 8" bench/qcow2.sh
+#   FLOOR=1 QDS=1 MISS=0 SPIN=0 PLACE=0 SMALL=0 WRITES=0 bench/qcow2.sh   # the QD 1 floor
 #   BUILD=0 bench/qcow2.sh               # use the binary already built
 #   KEEP=1 bench/qcow2.sh                # keep the fio JSON files
 set -euo pipefail
@@ -66,6 +73,7 @@ WRITES=${WRITES:-1}
 PLACE=${PLACE:-1}
 SPIN=${SPIN:-1}
 SPIN_US=${SPIN_US:-50}
+FLOOR=${FLOOR:-0}
 MISS=${MISS:-1}
 QAIO=${QAIO:-native}
 MAIN_SERVERS=${MAIN_SERVERS:-"qemu qemuu hitu raw"}
@@ -121,6 +129,7 @@ start_server() { # name socket image entries readonly(1/0)
         hitc) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,placement=conn" 2>"$WORK/$s.log" & ;;
         hits) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=$SPIN_US" 2>"$WORK/$s.log" & ;;
         raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
+        qraw) qemu-nbd -f raw $qro $QCACHEU -k "$sock" --persistent --shared=8 "$RAW" 2>"$WORK/$s.log" & ;;
     esac
     SERVER_PID=$!
     wait_socket "$s" "$sock"
@@ -139,6 +148,18 @@ fio_job() { # uri name rw qd jobs out [fio options]
 run_one() {
     local sec=$1 s=$2 rep=$3 img=$4 n=$5 rw=$6; shift 6
     local sock=$WORK/$s.sock ro=1
+    if [[ $s == dev ]]; then
+        # no server: fio on the raw file itself, the same job otherwise
+        for job in "$@"; do
+            fio --name="$job" --ioengine=io_uring --direct=1 --filename="$RAW" --readonly \
+                --rw="$rw" --bs=4k --iodepth="${job#qd}" --size="$SIZE" --time_based \
+                --runtime="$RUNTIME" --norandommap --randrepeat=0 \
+                --percentile_list=50:90:99:99.9:99.99 --output-format=json \
+                >"$WORK/${sec}_${s}_${rep}_$job.json"
+        done
+        echo 0 >"$WORK/${sec}_${s}_${rep}.rss"
+        return
+    fi
     [[ $rw == randwrite ]] && ro=0
     start_server "$s" "$sock" "$img" "$n" "$ro"
     local uri="nbd+unix:///?socket=$sock"
@@ -150,7 +171,7 @@ run_one() {
         fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 \
             --numjobs=$nj --size="$SIZE" --output-format=json >/dev/null
     fi
-    if [[ $s != qemu* && $s != raw ]]; then
+    if [[ $s != qemu* && $s != raw && $s != qraw ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats0"
     fi
     for job in "$@"; do
@@ -159,7 +180,7 @@ run_one() {
         [[ $qd == *x* ]] && { c=${qd#*x}; qd=${qd%x*}; }
         fio_job "$uri" "$job" "$rw" "$qd" "$c" "$WORK/${sec}_${s}_${rep}_$job.json" "${extra[@]}"
     done
-    if [[ $s != qemu* && $s != raw ]]; then
+    if [[ $s != qemu* && $s != raw && $s != qraw ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats"
     fi
     peak_kib "$SERVER_PID" >"$WORK/${sec}_${s}_${rep}.rss"
@@ -189,6 +210,9 @@ if [[ $MISS == 1 ]]; then
 fi
 if [[ $SPIN == 1 ]]; then
     section spin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hits" qd1
+fi
+if [[ $FLOOR == 1 ]]; then
+    section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw dev hitu" qd1
 fi
 if [[ $PLACE == 1 ]]; then
     section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hitu hitc" qd8x4
@@ -290,6 +314,13 @@ for line in open(f"{work}/sections"):
             for j in jobs:
                 r = M(h, j, "iops") / M(P(j), j, "iops")
                 targets.append((f"[{sec}] {h} IOPS >= 1.3x qemu-nbd ({P(j)}) at {j}", r >= 1.3, f"{r:.2f}x"))
+    if sec == "floor" and "dev" in servers:
+        for j in jobs:
+            d, q = M("dev", j, "iops"), M(P(j), j, "iops")
+            print(f"[floor] {j}: the disk read directly (fio, io_uring, O_DIRECT, no NBD) "
+                  f"{d:.0f} IOPS, p50 {M('dev', j, '50'):.1f} us = {d / q:.2f}x {P(j)}'s IOPS; "
+                  f"1.3x {P(j)} would need {1.3 * q:.0f} IOPS"
+                  + (" (more than the disk gives without NBD)" if 1.3 * q > d else ""))
     if sec == "main":
         j1 = "qd1"
         if j1 in jobs and "raw" in servers:
