@@ -59,33 +59,55 @@ impl Pool {
         self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A free buffer with room for `len` bytes, taken out of the pool:
+    /// the smallest one already `len` long (it needs no fill to reach
+    /// `len`), else the smallest one with the capacity. `None` when none
+    /// holds `len` (or nothing is kept).
+    fn take(&self, len: usize) -> Option<Vec<u8>> {
+        if len == 0 || self.budget == 0 {
+            return None;
+        }
+        let mut st = self.st();
+        let i = st
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| (b.len() < len, b.capacity()))
+            .map(|(i, _)| i)?;
+        let b = st.bufs.swap_remove(i);
+        st.bytes -= b.capacity();
+        Some(b)
+    }
+
     /// A buffer of `len` bytes whose contents are unspecified (old bytes
     /// of an earlier update, or zeroes): for outputs that are overwritten
-    /// whole. The smallest free buffer that holds `len` is taken, else a
-    /// new one is allocated.
+    /// whole. A free buffer is reused where one holds `len`, else a new
+    /// one is allocated.
     pub fn get(&self, len: usize) -> Vec<u8> {
-        if len > 0 && self.budget > 0 {
-            let mut st = self.st();
-            let best = st
-                .bufs
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.capacity() >= len)
-                .min_by_key(|(_, b)| b.capacity())
-                .map(|(i, _)| i);
-            if let Some(i) = best {
-                let mut b = st.bufs.swap_remove(i);
-                st.bytes -= b.capacity();
-                drop(st);
+        match self.take(len) {
+            Some(mut b) => {
                 if b.len() >= len {
                     b.truncate(len);
                 } else {
                     b.resize(len, 0);
                 }
-                return b;
+                b
             }
+            None => vec![0u8; len],
         }
-        vec![0u8; len]
+    }
+
+    /// An empty buffer with room for `cap` bytes: for outputs filled by
+    /// appending (no bytes written before they are).
+    pub fn get_empty(&self, cap: usize) -> Vec<u8> {
+        match self.take(cap) {
+            Some(mut b) => {
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(cap),
+        }
     }
 
     /// `buf` as `Bytes`; the buffer comes back here when they are dropped.
@@ -150,6 +172,11 @@ mod tests {
         assert_eq!(p.held(), 3 << 20, "over the budget: freed");
         // a longer request than any free buffer holds: a new one
         assert_eq!(p.get(2 << 20).len(), 2 << 20);
+        // an empty buffer for appending reuses the memory too
+        let e = p.get_empty(1 << 20);
+        assert!(e.is_empty() && e.capacity() >= 1 << 20);
+        assert_eq!(p.held(), 2 << 20);
+        drop(p.lend(e));
         // budget 0: nothing kept
         let z = Pool::new(0);
         drop(z.lend(z.get(4096)));

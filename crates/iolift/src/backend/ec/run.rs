@@ -180,11 +180,8 @@ impl Inner {
         // gathered data: emptied pool buffers, filled by the encode pass
         let mut copy: Vec<Option<Vec<u8>>> = (0..k)
             .map(|c| {
-                (self.children[c].gather && self.writable(c)).then(|| {
-                    let mut b = self.pool.get(n * chunk);
-                    b.clear();
-                    b
-                })
+                (self.children[c].gather && self.writable(c))
+                    .then(|| self.pool.get_empty(n * chunk))
             })
             .collect();
         for (i, d) in data.iter().enumerate() {
