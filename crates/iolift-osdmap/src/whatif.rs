@@ -56,9 +56,18 @@ fn weight(spec: &str, s: &str, max: f64) -> Result<f64> {
         .ok_or_else(|| bad(spec, &format!("bad weight '{s}' (0..={max})")))
 }
 
-/// 16.16 fixed point, as Ceph converts a float weight.
+/// An OSD reweight (0..=1) in 16.16 fixed point.
 fn fixed(w: f64) -> u32 {
     (w * 65536.0) as u32
+}
+
+/// A CRUSH weight in 16.16 fixed point as Ceph's CRUSH edits convert it
+/// (`ceph osd crush reweight`/`add`, `crushtool --reweight-item` and
+/// `--add-item`): the weight as a single-precision float times 0x10000,
+/// truncated. This differs from the double-precision product for many
+/// weights (4.097: 268501, not 268500).
+fn crush_fixed(w: f64) -> u32 {
+    ((w as f32) * 65536.0f32) as u32
 }
 
 impl Edit {
@@ -160,7 +169,8 @@ impl OsdMap {
                     return Err(bad(spec, &format!("osd.{o} is not in the crush map")));
                 }
                 let mut c = self.crush.clone();
-                adjust_item_weight(&mut c, *o, fixed(*w)).map_err(|x| bad(spec, &x.to_string()))?;
+                adjust_item_weight(&mut c, *o, crush_fixed(*w))
+                    .map_err(|x| bad(spec, &x.to_string()))?;
                 self.set_crush(c);
             }
             Edit::Rule(pool, rule) => {
@@ -192,7 +202,7 @@ impl OsdMap {
                 count,
                 weight,
                 parent,
-            } => self.add_host(spec, name, *count, fixed(*weight), parent)?,
+            } => self.add_host(spec, name, *count, crush_fixed(*weight), parent)?,
         }
         Ok(())
     }
@@ -241,16 +251,9 @@ impl OsdMap {
             .position(|b| b.is_none())
             .unwrap_or(crush.buckets.len());
         let hid = -1 - slot as i32;
-        let host = Bucket {
-            id: hid,
-            type_id: host_type as u16,
-            alg: ALG_STRAW2,
-            hash: 0,
-            weight: total as u32,
-            items: ids.clone(),
-            item_weights: vec![w; ids.len()],
-            ..Bucket::default()
-        };
+        // Its weight is the sum of its items' (`total`, checked above not
+        // to overflow), as crushtool's --add-item makes it.
+        let host = Bucket::straw2(hid, host_type as u16, ids.clone(), vec![w; ids.len()]);
         if slot == crush.buckets.len() {
             crush.buckets.push(Some(host));
         } else {
