@@ -29,13 +29,9 @@ PROFILE=${PROFILE:-release}
 WORK=${WORK:-/var/tmp/iolift-fs-kv-bench}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
-[[ $(id -u) == 0 ]] || { echo "bench/fs-kv.sh needs root (FUSE mounts)" >&2; exit 1; }
-for t in python3 ceph-mon ceph-osd rados; do
-    command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
-done
-
-# build_iolift, peak_kib, fuse_mount, fuse_unmount
+# need_root_tools, build_iolift, peak_kib, fuse_mount, fuse_unmount
 source bench/lib.sh
+need_root_tools bench/fs-kv.sh python3 ceph-mon ceph-osd rados
 build_iolift
 
 SRC=$WORK/src

@@ -36,13 +36,10 @@ PORT=${PORT:-20499}
 MNT_PORT=${MNT_PORT:-20498}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
-[[ $(id -u) == 0 ]] || { echo "bench/fs-nfs.sh needs root (FUSE mounts)" >&2; exit 1; }
-for t in fio python3 ganesha.nfsd; do
-    command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
-done
-
-# build_iolift, cpu_ticks, peak_kib, fuse_mount, fuse_unmount
+# need_root_tools, build_iolift, cpu_ticks, busy_ticks, peak_kib, fuse_mount,
+# fuse_unmount, fs_cells
 source bench/lib.sh
+need_root_tools bench/fs-nfs.sh fio python3 ganesha.nfsd
 build_iolift
 
 EXP=$WORK/exp
@@ -73,8 +70,6 @@ for _ in $(seq 100); do
     kill -0 "$GANESHA_PID" 2>/dev/null || { cat "$RES/ganesha.log" >&2; exit 1; }
     sleep 0.1
 done
-
-busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 
 mount_setup() { # mount_setup mirror|nfs
     local spec
@@ -139,17 +134,7 @@ for i in range($NFILES): open(os.path.join('$EXP/meta', f'f{i}'), 'w').close()"
 echo "bench/fs-nfs.sh: $(date -u '+%F %T') UTC, R=$R RUNTIME=${RUNTIME}s SIZE=$SIZE threads=$THREADS $PROFILE; $(uptime)"
 for rep in $(seq "$R"); do
     for s in mirror nfs; do
-        run_cell "$s" randread-4k-qd1 "$rep" fio_job r randread 4k 1
-        run_cell "$s" randwrite-4k-qd1 "$rep" fio_job w randwrite 4k 1
-        run_cell "$s" randread-4k-qd16 "$rep" fio_job r randread 4k 16
-        run_cell "$s" randwrite-4k-qd16 "$rep" fio_job w randwrite 4k 16
-        run_cell "$s" read-64k-qd4 "$rep" fio_job r read 64k 4
-        run_cell "$s" write-64k-qd4 "$rep" fio_job w write 64k 4
-        run_cell "$s" read-1m-qd4 "$rep" fio_job r read 1M 4
-        run_cell "$s" write-1m-qd4 "$rep" fio_job w write 1M 4
-        run_cell "$s" stat-10k "$rep" meta_job stat
-        run_cell "$s" create-unlink "$rep" meta_job create
-        run_cell "$s" readdir-10k "$rep" meta_job readdir
+        fs_cells "$s" "$rep"
     done
 done
 echo "done: $(uptime)"

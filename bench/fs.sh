@@ -72,26 +72,16 @@ Q2_SETUPS=${Q2_SETUPS:-ext4 bindfs iolift iolift-pt}
 TRANSPORTS=${TRANSPORTS:-}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
-[[ $(id -u) == 0 ]] || { echo "bench/fs.sh needs root (FUSE mounts)" >&2; exit 1; }
-for t in fio bindfs python3; do
-    command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
-done
-
-# BIN=path/to/iolift skips the build (e.g. a binary built from a clean checkout).
-if [[ -z ${BIN:-} ]]; then
-    if [[ $PROFILE == release ]]; then
-        nice -n 5 cargo build --release -q -p iolift --bin iolift
-    else
-        nice -n 5 cargo build -q -p iolift --bin iolift
-    fi
-    BIN=$CARGO_TARGET_DIR/$([[ $PROFILE == release ]] && echo release || echo debug)/iolift
-fi
+# need_root_tools, build_iolift (BIN=path/to/iolift skips the build),
+# cpu_ticks, busy_ticks, peak_kib, wait_mount, stop_server, fs_cells; sets
+# SERVER_PID=.
+source bench/lib.sh
+need_root_tools bench/fs.sh fio bindfs python3
+build_iolift
 
 SRC=$WORK/src
 MNT=$WORK/mnt
 RES=$WORK/results
-# cpu_ticks, peak_kib, wait_mount, stop_server; sets SERVER_PID=.
-source bench/lib.sh
 cleanup() {
     if mountpoint -q "$MNT" 2>/dev/null; then umount -l "$MNT" || true; fi
     [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null || true
@@ -101,8 +91,6 @@ cleanup() {
 trap cleanup EXIT
 rm -rf "$WORK"
 mkdir -p "$SRC" "$MNT" "$RES"
-
-busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 
 # mount_setup NAME: makes $MNT show $SRC (or null) the NAME way; sets
 # DIR (where the job runs) and SERVER_PID (empty for native ext4).
@@ -257,17 +245,7 @@ if [[ $ONLY == all || $ONLY == q2 ]]; then
     for rep in $(seq "$R"); do
         for s in "${SETUPS[@]}"; do
             prep_data
-            run_cell "$s" randread-4k-qd1 "$rep" fio_job r randread 4k 1
-            run_cell "$s" randwrite-4k-qd1 "$rep" fio_job w randwrite 4k 1
-            run_cell "$s" randread-4k-qd16 "$rep" fio_job r randread 4k 16
-            run_cell "$s" randwrite-4k-qd16 "$rep" fio_job w randwrite 4k 16
-            run_cell "$s" read-64k-qd4 "$rep" fio_job r read 64k 4
-            run_cell "$s" write-64k-qd4 "$rep" fio_job w write 64k 4
-            run_cell "$s" read-1m-qd4 "$rep" fio_job r read 1M 4
-            run_cell "$s" write-1m-qd4 "$rep" fio_job w write 1M 4
-            run_cell "$s" stat-10k "$rep" meta_job stat
-            run_cell "$s" create-unlink "$rep" meta_job create
-            run_cell "$s" readdir-10k "$rep" meta_job readdir
+            fs_cells "$s" "$rep"
         done
     done
 fi

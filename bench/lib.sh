@@ -14,7 +14,12 @@
 #   ...; fuse_unmount MNT   # HWM = the server's peak RSS in KiB
 #
 # cpu_ticks PID: utime+stime of PID in clock ticks (/proc/PID/stat).
+# busy_ticks: the whole machine's busy clock ticks (/proc/stat: user, nice,
+#   system, irq, softirq).
 # peak_kib PID: the peak resident set (VmHWM) of PID in KiB.
+# need_root_tools NAME TOOL...: exits unless root and every TOOL is on PATH.
+# fs_cells SETUP REPEAT: the file-system cell set through the caller's
+#   run_cell, fio_job and meta_job (bench/fs.sh Q2, bench/fs-nfs.sh).
 # start_busy / stop_busy: the competing load of BUSY=1 runs (below).
 
 SERVER_PID=
@@ -23,8 +28,38 @@ cpu_ticks() {
     awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
 }
 
+busy_ticks() {
+    awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat
+}
+
 peak_kib() {
     awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"
+}
+
+need_root_tools() {
+    local name=$1; shift
+    [[ $(id -u) == 0 ]] || { echo "$name needs root (FUSE mounts)" >&2; exit 1; }
+    for t in "$@"; do
+        command -v "$t" >/dev/null || { echo "missing $t (scripts/test.sh installs it)" >&2; exit 1; }
+    done
+}
+
+# The cells, in the order they run: fio 4k random read/write at QD1 and
+# QD16, 64k and 1M sequential read/write at QD4 (fio_job NAME RW BS QD),
+# then the metadata loops (meta_job stat|create|readdir).
+fs_cells() {
+    local s=$1 rep=$2
+    run_cell "$s" randread-4k-qd1 "$rep" fio_job r randread 4k 1
+    run_cell "$s" randwrite-4k-qd1 "$rep" fio_job w randwrite 4k 1
+    run_cell "$s" randread-4k-qd16 "$rep" fio_job r randread 4k 16
+    run_cell "$s" randwrite-4k-qd16 "$rep" fio_job w randwrite 4k 16
+    run_cell "$s" read-64k-qd4 "$rep" fio_job r read 64k 4
+    run_cell "$s" write-64k-qd4 "$rep" fio_job w write 64k 4
+    run_cell "$s" read-1m-qd4 "$rep" fio_job r read 1M 4
+    run_cell "$s" write-1m-qd4 "$rep" fio_job w write 1M 4
+    run_cell "$s" stat-10k "$rep" meta_job stat
+    run_cell "$s" create-unlink "$rep" meta_job create
+    run_cell "$s" readdir-10k "$rep" meta_job readdir
 }
 
 # BUSY=1: a fixed competing load, `stress-ng --cpu N --cpu-method int64`
