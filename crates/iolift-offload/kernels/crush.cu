@@ -105,26 +105,20 @@ static thread_local cr_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 // ---------------------------------------------------------------- hashing
 
-#define CR_MIX(a, b, c)          \
-    do {                         \
-        a = a - b - c;           \
-        a = a ^ (c >> 13);       \
-        b = b - c - a;           \
-        b = b ^ (a << 8);        \
-        c = c - a - b;           \
-        c = c ^ (b >> 13);       \
-        a = a - b - c;           \
-        a = a ^ (c >> 12);       \
-        b = b - c - a;           \
-        b = b ^ (a << 16);       \
-        c = c - a - b;           \
-        c = c ^ (b >> 5);        \
-        a = a - b - c;           \
-        a = a ^ (c >> 3);        \
-        b = b - c - a;           \
-        b = b ^ (a << 10);       \
-        c = c - a - b;           \
-        c = c ^ (b >> 15);       \
+// One step of the mix: x = (x - y - z) ^ (z shifted), as in iolift-crush's
+// hash.rs (`mix`); nine steps rotate through (a, b, c).
+#define CR_MIX_STEP(x, y, z, shifted) x = (x - y - z) ^ (shifted)
+#define CR_MIX(a, b, c)                     \
+    do {                                    \
+        CR_MIX_STEP(a, b, c, c >> 13);      \
+        CR_MIX_STEP(b, c, a, a << 8);       \
+        CR_MIX_STEP(c, a, b, b >> 13);      \
+        CR_MIX_STEP(a, b, c, c >> 12);      \
+        CR_MIX_STEP(b, c, a, a << 16);      \
+        CR_MIX_STEP(c, a, b, b >> 5);       \
+        CR_MIX_STEP(a, b, c, c >> 3);       \
+        CR_MIX_STEP(b, c, a, a << 10);      \
+        CR_MIX_STEP(c, a, b, b >> 15);      \
     } while (0)
 
 #define CR_SEED 1315423911u
