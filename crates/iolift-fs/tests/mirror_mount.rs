@@ -531,3 +531,46 @@ fn a_write_by_another_user_clears_the_set_user_id_bit() {
     );
     assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o777);
 }
+
+#[test]
+fn copy_file_range_copies_between_files_in_the_mount() {
+    let s = default_setup();
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    fs::write(s.src.join("a"), &data).unwrap();
+    fs::write(s.src.join("b"), vec![7u8; 4096]).unwrap();
+    let a = fs::File::open(s.mnt.join("a")).unwrap();
+    let b = fs::OpenOptions::new()
+        .write(true)
+        .open(s.mnt.join("b"))
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    let (mut off_in, mut off_out) = (4096i64, 8192i64);
+    let mut left = 300_000usize;
+    while left > 0 {
+        // SAFETY: both descriptors are open; the offsets are ours.
+        let n = unsafe {
+            libc::copy_file_range(
+                a.as_raw_fd(),
+                &mut off_in,
+                b.as_raw_fd(),
+                &mut off_out,
+                left,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        left -= n as usize;
+    }
+    drop(b);
+    let got = fs::read(s.src.join("b")).unwrap();
+    assert_eq!(got.len(), 8192 + 300_000);
+    assert!(got[..4096].iter().all(|&x| x == 7), "bytes before the hole");
+    assert!(got[4096..8192].iter().all(|&x| x == 0), "the hole");
+    assert!(got[8192..] == data[4096..4096 + 300_000], "copied range");
+}

@@ -87,6 +87,14 @@ impl Adapter {
         })
     }
 
+    /// For write and copy_file_range: the byte count as fuser's `written`.
+    fn written_done(&self, name: &str, reply: ReplyWrite) -> Done<u32> {
+        self.done(name, move |r: model::FsResult<u32>| match r {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        })
+    }
+
     fn xattr_done(&self, name: &str, reply: ReplyXattr) -> Done<Xattr> {
         self.done(name, move |r: model::FsResult<Xattr>| match r {
             Ok(Xattr::Size(n)) => reply.size(n),
@@ -376,10 +384,7 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let d = self.done("write", move |r: model::FsResult<u32>| match r {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
-        });
+        let d = self.written_done("write", reply);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         self.fs.write(&ctx(req), ino.0, fh.0, offset, data, kill, d)
     }
@@ -665,10 +670,7 @@ impl fuser::Filesystem for Adapter {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let d = self.done("copy_file_range", move |r: model::FsResult<u32>| match r {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
-        });
+        let d = self.written_done("copy_file_range", reply);
         let flags = u32::try_from(flags.bits()).unwrap_or(u32::MAX);
         self.fs.copy_file_range(
             &ctx(req),
