@@ -1,45 +1,17 @@
 //! Opening /dev/fuse and mounting it (mount(2), root), the same way the
 //! fuser front-end does, and cloning the fd for more reader threads.
 
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::kernel::{io_err, mount_point, open_dev_fuse};
+use crate::kernel::{io_err, mount_dev_fuse, open_dev_fuse};
 
 /// Mounts a FUSE file system named `name` of type `fuse.<subtype>` on
-/// `dir` (made canonical) and returns the /dev/fuse fd that serves it.
+/// `dir` (made canonical) and returns the /dev/fuse fd that serves it
+/// (`kernel::mount_dev_fuse`, as the fuser front-end mounts).
 pub fn mount(dir: &Path, name: &str, subtype: &str) -> io::Result<(OwnedFd, PathBuf)> {
-    let fd = open_dev_fuse()?;
-    let dir = mount_point(dir)?;
-    let data = format!(
-        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
-        fd.as_raw_fd()
-    );
-    let src =
-        CString::new(name.replace(['\0', ' ', ','], "_")).unwrap_or_else(|_| c"iolift-fs".into());
-    let fstype = CString::new(format!("fuse.{subtype}"))?;
-    let target = CString::new(dir.as_os_str().as_bytes())?;
-    let cdata = CString::new(data)?;
-    // SAFETY: all pointers are valid NUL-terminated strings owned here.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            cdata.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        return Err(io_err(
-            format!("mount(2) of FUSE at {}", dir.display()),
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok((fd, dir))
+    mount_dev_fuse(dir, name, subtype)
 }
 
 /// FUSE_DEV_IOC_CLONE: `_IOR(229, 0, uint32_t)`.

@@ -154,20 +154,29 @@ pub(crate) fn open_dev_fuse() -> io::Result<OwnedFd> {
     Ok(f.into())
 }
 
-/// Mounts `fs` on the directory `dir` and starts serving it.
-pub fn mount(fs: Arc<dyn FileSystem>, dir: &Path, opts: &KernelOptions) -> io::Result<Mounted> {
-    let fd = open_dev_fuse()?;
-    let dir = mount_point(dir)?;
+/// mount(2) of a FUSE file system served on `fd` (an open /dev/fuse) at
+/// `dir`: `source` and `fstype` as /proc/mounts shows them, mount `flags`
+/// (MS_*), files owned by `owner` (uid, gid) as the kernel checks access
+/// (`default_permissions`, `allow_other`). The error is mount(2)'s own
+/// (InvalidInput for a NUL byte in a name), for the caller to put in context.
+pub fn mount_fuse(
+    fd: &OwnedFd,
+    dir: &Path,
+    source: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    owner: (u32, u32),
+) -> io::Result<()> {
     let data = format!(
-        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
-        fd.as_raw_fd()
+        "fd={},rootmode=40000,user_id={},group_id={},allow_other,default_permissions",
+        fd.as_raw_fd(),
+        owner.0,
+        owner.1
     );
-    let src = CString::new(fs.name().replace(['\0', ' ', ','], "_"))
-        .unwrap_or_else(|_| c"iolift-fs".into());
-    let fstype = CString::new(format!("fuse.{}", opts.subtype))?;
+    let src = CString::new(source)?;
+    let fstype = CString::new(fstype)?;
     let target = CString::new(dir.as_os_str().as_bytes())?;
     let cdata = CString::new(data)?;
-    let flags = libc::MS_NOSUID | libc::MS_NODEV;
     // SAFETY: all pointers are valid NUL-terminated strings owned here.
     let r = unsafe {
         libc::mount(
@@ -179,11 +188,33 @@ pub fn mount(fs: Arc<dyn FileSystem>, dir: &Path, opts: &KernelOptions) -> io::R
         )
     };
     if r != 0 {
-        return Err(io_err(
-            format!("mount(2) of FUSE at {}", dir.display()),
-            io::Error::last_os_error(),
-        ));
+        return Err(io::Error::last_os_error());
     }
+    Ok(())
+}
+
+/// Opens /dev/fuse and mounts a file system named `name` (spaces, commas
+/// and NULs made `_`) of type `fuse.<subtype>` on `dir` (made canonical),
+/// owned by root, nosuid and nodev: the fd that serves it and the mount
+/// point. Both front-ends (fuser's and devfuse's) mount this way.
+pub(crate) fn mount_dev_fuse(
+    dir: &Path,
+    name: &str,
+    subtype: &str,
+) -> io::Result<(OwnedFd, PathBuf)> {
+    let fd = open_dev_fuse()?;
+    let dir = mount_point(dir)?;
+    let src = name.replace(['\0', ' ', ','], "_");
+    let fstype = format!("fuse.{subtype}");
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    mount_fuse(&fd, &dir, &src, &fstype, flags, (0, 0))
+        .map_err(|e| io_err(format!("mount(2) of FUSE at {}", dir.display()), e))?;
+    Ok((fd, dir))
+}
+
+/// Mounts `fs` on the directory `dir` and starts serving it.
+pub fn mount(fs: Arc<dyn FileSystem>, dir: &Path, opts: &KernelOptions) -> io::Result<Mounted> {
+    let (fd, dir) = mount_dev_fuse(dir, &fs.name(), &opts.subtype)?;
     let stats = Arc::new(OpStats::default());
     let mut m = Mounted {
         dir,

@@ -6,7 +6,7 @@ use super::blockfile::BlockFile;
 use crate::export::Export;
 use anyhow::{bail, Context, Result};
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -168,30 +168,13 @@ pub fn mount(
     let read_only = info.read_only || export.read_only;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let data = format!(
-        "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
-        fd.as_raw_fd()
-    );
     let mut flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME;
     if read_only {
         flags |= libc::MS_RDONLY;
     }
-    let src = CString::new("iolift").unwrap();
-    let fstype = CString::new("fuse.iolift").unwrap();
-    let target = CString::new(dir.as_os_str().as_bytes()).context("mount point path")?;
-    let cdata = CString::new(data).unwrap();
-    // SAFETY: all pointers are valid NUL-terminated strings owned here.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            flags,
-            cdata.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) =
+        iolift_fs::kernel::mount_fuse(&fd, &dir, "iolift", "fuse.iolift", flags, (uid, gid))
+    {
         bail!("mount(2) of FUSE at {} failed: {e}", dir.display());
     }
     let mut m = FuseMount {
