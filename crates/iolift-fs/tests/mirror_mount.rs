@@ -368,38 +368,34 @@ fn renames_move_the_node_with_it() {
     // RENAME_NOREPLACE is honoured.
     fs::write(s.mnt.join("p"), b"1").unwrap();
     fs::write(s.mnt.join("q"), b"2").unwrap();
-    let (a, b) = (
-        std::ffi::CString::new(s.mnt.join("p").as_os_str().as_encoded_bytes()).unwrap(),
-        std::ffi::CString::new(s.mnt.join("q").as_os_str().as_encoded_bytes()).unwrap(),
-    );
-    // SAFETY: valid paths.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    assert_eq!(r, -1);
+    let (p, q) = (s.mnt.join("p"), s.mnt.join("q"));
     assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::EEXIST)
+        errno(renameat2(&p, &q, libc::RENAME_NOREPLACE)),
+        libc::EEXIST
     );
     // RENAME_EXCHANGE swaps.
-    // SAFETY: valid paths.
+    renameat2(&p, &q, libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(fs::read(s.src.join("p")).unwrap(), b"2");
+}
+
+/// renameat2(2) of `a` to `b` with `flags` (RENAME_NOREPLACE, _EXCHANGE).
+fn renameat2(a: &std::path::Path, b: &std::path::Path, flags: u32) -> std::io::Result<()> {
+    let c = |p: &std::path::Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes());
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: valid NUL-terminated paths.
     let r = unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
             a.as_ptr(),
             libc::AT_FDCWD,
             b.as_ptr(),
-            libc::RENAME_EXCHANGE,
+            flags,
         )
     };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-    assert_eq!(fs::read(s.src.join("p")).unwrap(), b"2");
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[test]
