@@ -51,11 +51,13 @@ for t in fio python3 nbdinfo; do
 done
 fio --enghelp=nbd >/dev/null 2>&1 || die "this fio has no nbd engine"
 
-if [ -z "${IOLIFT:-}" ]; then
-  say "building iolift (release)"
-  cargo build --release -q -p iolift
-  IOLIFT=${CARGO_TARGET_DIR:-$ROOT/target}/release/iolift
-fi
+# build_iolift (bench/lib.sh): a release build unless IOLIFT names a binary.
+source bench/lib.sh
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+[ -n "${IOLIFT:-}" ] || say "building iolift (release)"
+BIN=${IOLIFT:-} PROFILE=release
+build_iolift
+IOLIFT=$BIN
 [ -x "$IOLIFT" ] || die "no iolift binary at $IOLIFT"
 
 PIDS=()
