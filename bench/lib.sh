@@ -1,6 +1,7 @@
 # Shared by the bench scripts that start a server per run (bench/nbd.sh,
-# bench/direct.sh with NBD servers; bench/fs-nfs.sh, bench/fs-kv.sh with
-# FUSE mounts): source it after setting WORK.
+# bench/direct.sh with NBD servers; bench/fs.sh, bench/fs-nfs.sh,
+# bench/fs-kv.sh with FUSE mounts; bench/stages.sh for its build): source
+# it after setting WORK.
 #
 #   "$BIN" serve --socket "$sock" ... 2>"$WORK/$name.log" &
 #   SERVER_PID=$!; wait_socket "$name" "$sock"
