@@ -13,12 +13,13 @@
 //!   and judges it with `wire::parse_request` and `wire::decode_request`;
 //! - takes the request's share of the connection's in-flight cap, a
 //!   semaphore counted in bytes (4 KiB per request, plus a read's length,
-//!   plus a write's length and one receive chunk, which its payload may
-//!   keep alive), so a client that never reads its replies stops being
+//!   plus a write's length and, under 64 KiB, one receive chunk, which
+//!   its payload may keep alive), so a client that never reads its replies stops being
 //!   read; then the same share of the server-wide budget
 //!   (`Server::budget`), so that many such clients together stop at it;
-//! - for a write, splits the payload off the receive buffer as `Bytes` (no
-//!   copy), having first written the replies in its batch if the payload
+//! - for a write, takes the payload from the receive buffer as `Bytes`
+//!   (split off it without a copy, or from 64 KiB up read into an
+//!   allocation of its own, `recv::OWN_ALLOC`), having first written the replies in its batch if the payload
 //!   has not all arrived; a rejected write's payload is skipped;
 //! - submits to the device. With native callbacks (librbd) through
 //!   `submit_cb`: the callback answers from the device's thread
@@ -157,10 +158,10 @@ pub(super) async fn transmission<R, W>(
             }
         };
         let action = wire::decode_request(&h, &s);
-        // A write's payload may keep the receive chunk it arrived in alive
-        // until the device drops it: charged too.
+        // A small write's payload may keep the receive chunk it arrived in
+        // alive until the device drops it: charged too.
         let payload = match &action {
-            Action::Write { len, .. } => *len as usize + recv::CHUNK,
+            Action::Write { len, .. } => *len as usize + recv::pinned_extra(*len as usize),
             Action::Submit(Request::Read { len, .. }) => *len as usize,
             _ => 0,
         };

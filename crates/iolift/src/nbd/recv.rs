@@ -10,9 +10,18 @@
 //! bring it in are not cut at its end and can bring the next requests
 //! too (cut reads cost a wake-up more per request at 128 KiB).
 //!
-//! A payload shares its buffer: until the device drops it, it keeps up to
-//! [`CHUNK`] bytes more than its own alive. The reader charges each write
-//! one chunk more against the connection's in-flight cap for that.
+//! A payload shorter than [`OWN_ALLOC`] shares its buffer: until the
+//! device drops it, it keeps up to [`CHUNK`] bytes more than its own alive.
+//! The reader charges each such write one chunk more against the
+//! connection's in-flight cap for that ([`pinned_extra`]).
+//!
+//! A payload of [`OWN_ALLOC`] bytes or more gets an allocation of its own,
+//! exactly its length: the part already received is copied into it (at
+//! most one chunk) and the rest is read from the socket straight into it.
+//! Such a `Bytes` is the only handle to its allocation, which lets a
+//! device keep it as it is instead of copying it (the memory backend
+//! adopts whole aligned pages of it), and it pins nothing beyond itself.
+//! The cost: the next request's header then needs a receive of its own.
 //!
 //! Used by the reader (`reader.rs`), which owns one per connection, seeded
 //! with the bytes the handshake's `BufReader` had read past its end.
@@ -27,6 +36,19 @@ pub const CHUNK: usize = 64 * 1024;
 const LOW: usize = 8 * 1024;
 /// Payloads larger than this get room for a chunk more (see the top).
 const OWN_BUFFER: usize = CHUNK / 2;
+/// Payloads of at least this many bytes get an exactly sized allocation of
+/// their own (see the top). One memory-backend page.
+pub const OWN_ALLOC: usize = CHUNK;
+
+/// Bytes a write payload of `len` bytes may keep alive beyond its own, to
+/// be charged against the connection's in-flight cap.
+pub fn pinned_extra(len: usize) -> usize {
+    if len >= OWN_ALLOC {
+        0
+    } else {
+        CHUNK
+    }
+}
 
 pub struct RecvBuf<R> {
     inner: R,
@@ -78,6 +100,9 @@ impl<R: AsyncRead + Unpin> RecvBuf<R> {
     /// The next `n` bytes, in one piece, split off the receive buffer
     /// without a copy.
     pub async fn payload(&mut self, n: usize) -> io::Result<Bytes> {
+        if n >= OWN_ALLOC {
+            return self.own_payload(n).await;
+        }
         let want = n.saturating_sub(self.buf.len());
         if want > 0 && self.buf.capacity() - self.buf.len() < want {
             // Room for the whole payload; a large one gets a chunk more,
@@ -88,6 +113,23 @@ impl<R: AsyncRead + Unpin> RecvBuf<R> {
         }
         self.need(n).await?;
         Ok(self.buf.split_to(n).freeze())
+    }
+
+    /// The next `n` bytes in an allocation of exactly `n` bytes that
+    /// nothing else shares.
+    async fn own_payload(&mut self, n: usize) -> io::Result<Bytes> {
+        let mut out = BytesMut::with_capacity(n);
+        let have = self.buf.len().min(n);
+        out.extend_from_slice(&self.buf[..have]);
+        self.buf.advance(have);
+        while out.len() < n {
+            // `read_buf` reads into the spare capacity, n - len here, so
+            // it never reads past the payload nor grows the allocation.
+            if self.inner.read_buf(&mut out).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        Ok(out.freeze())
     }
 
     /// Reads and drops `n` bytes (a rejected write's payload), without
@@ -180,6 +222,59 @@ mod tests {
             let e = r.read_exact(&mut h).await.unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         }
+    }
+
+    #[tokio::test]
+    async fn large_payloads_own_an_exact_allocation() {
+        // header, a payload of exactly OWN_ALLOC, one just under it, one
+        // of two chunks and a bit, then a header: for every read size the
+        // large payloads are unique and exactly sized, the small one not.
+        let sizes = [OWN_ALLOC, OWN_ALLOC - 1, 2 * CHUNK + 3];
+        let total = 28 + sizes.iter().sum::<usize>() + 28;
+        let data = pattern(total);
+        for step in [1, 100, 4096, CHUNK, 3 * CHUNK] {
+            let mut r = RecvBuf::new(
+                Trickle {
+                    data: data.clone(),
+                    at: 0,
+                    step,
+                },
+                &[],
+            );
+            let mut h = [0u8; 28];
+            r.read_exact(&mut h).await.unwrap();
+            let mut at = 28;
+            for &n in &sizes {
+                let p = r.payload(n).await.unwrap();
+                assert_eq!(&p[..], &data[at..at + n], "step {step} len {n}");
+                if n >= OWN_ALLOC {
+                    assert!(p.is_unique(), "step {step} len {n}: shared");
+                    let v = Vec::from(p);
+                    assert_eq!(v.capacity(), n, "step {step} len {n}: not exact");
+                    assert_eq!(pinned_extra(n), 0);
+                } else {
+                    assert_eq!(pinned_extra(n), CHUNK);
+                }
+                at += n;
+            }
+            r.read_exact(&mut h).await.unwrap();
+            assert_eq!(h, data[at..at + 28], "step {step}");
+            assert_eq!(r.buffered(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_large_payload_cut_short_is_an_eof() {
+        let mut r = RecvBuf::new(
+            Trickle {
+                data: pattern(OWN_ALLOC - 10),
+                at: 0,
+                step: 4096,
+            },
+            &[],
+        );
+        let e = r.payload(OWN_ALLOC).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[tokio::test]
