@@ -19,6 +19,7 @@
 #   IOLIFT=path/to/iolift (default: cargo build --release, $CARGO_TARGET_DIR or target/)
 #   PEERS="iolift iolift+cs qemu-nbd fio-rbd"  BS="4k 128k"  RWS="read write randread randwrite"  QDS="1 32"
 #   POLL_US=1000 (the iolift-poll peer's --poll-us)
+#   NOPLOT=1          skip building bench/plot and drawing the figures (table only)
 #   SEQW_REGION=8M    each sequential-write run writes its own region of this size (it wraps
 #                     inside it), the next run the next region: memstore OSDs get slower on
 #                     objects that have taken many small writes (4k QD1 write p50 1.1 ms ->
@@ -76,7 +77,9 @@ if [ -z "${IOLIFT:-}" ]; then
 fi
 [ -x "$IOLIFT" ] || die "no iolift binary at $IOLIFT"
 PLOT=""
-if cargo build --release -q --manifest-path bench/plot/Cargo.toml 2>"$LOG/plot-build.err"; then
+if [ -n "${NOPLOT:-}" ]; then
+  say "NOPLOT set: no figures"
+elif cargo build --release -q --manifest-path bench/plot/Cargo.toml 2>"$LOG/plot-build.err"; then
   PLOT=${CARGO_TARGET_DIR:-$ROOT/bench/plot/target}/release/deliba-plot
 else
   say "warning: bench/plot did not build (see $LOG/plot-build.err): no figures"
