@@ -1,4 +1,4 @@
-//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll][,rings=N]`:
+//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll][,rings=N][,inline_us=N]`:
 //! a regular file or a block device.
 //!
 //! A missing regular file is created sparse with `size`; an existing one is
@@ -9,8 +9,14 @@
 //!
 //! Requests run on tokio's blocking thread pool, or with `engine=uring`
 //! reads, writes and flushes go through an io_uring engine
-//! ([`super::file_uring`]) and the rest through the pool.
+//! ([`super::file_uring`]) and the rest through the pool. With the pool, a
+//! request alone on the device (nothing else in flight, the device idle
+//! at least `inline_us`; `backend/alone.rs`) runs on the thread that read
+//! it off the connection instead: at queue depth 1 that saves the hop to a
+//! pool thread and the wake-up back, and the NBD front-end answers it in
+//! the same write as any other reply it has ready.
 
+use super::alone::{Alone, Leave};
 use super::{BackendSpec, Kind, OptHelp};
 use crate::block::{BlockDev, DevInfo, DevRef, Errno, Extent, IoFuture, Reply, Request};
 use anyhow::{bail, Context, Result};
@@ -20,13 +26,18 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const ALIGN: usize = 4096;
+/// `inline_us` unless told otherwise.
+const INLINE_US: u64 = 10;
 
 /// The file backend; cheap to share with the blocking pool.
 pub struct FileDev {
     inner: Arc<FileInner>,
     uring: Option<super::file_uring::UringFile>,
+    /// engine=threads: whether a request is alone (run it inline).
+    alone: Arc<Alone>,
 }
 
 struct FileInner {
@@ -75,6 +86,12 @@ pub const OPTIONS: &[OptHelp] = &[
         default: "1",
         help: "with engine=uring: io_uring instances (each with its own thread) that requests are spread over, 1 to 64",
     },
+    OptHelp {
+        name: "inline_us",
+        kind: Kind::Count,
+        default: "10",
+        help: "with engine=threads: a request alone on the device (nothing else in flight, idle at least this many us) runs on the thread that read it instead of the pool; 0: never",
+    },
 ];
 
 const ENGINES: &[&str] = &["threads", "uring"];
@@ -90,6 +107,9 @@ pub struct FileConfig {
     pub sqpoll: bool,
     /// With engine=uring: rings to spread requests over.
     pub rings: usize,
+    /// engine=threads: the idle time before a lone request runs inline
+    /// (None: never).
+    pub inline_gap: Option<Duration>,
 }
 
 pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
@@ -112,6 +132,15 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
     if !(1..=64).contains(&rings) {
         return Err(s.opts.err("rings", format!("{rings}: 1 to 64")));
     }
+    let inline_us = s.opts.u64("inline_us", INLINE_US)?;
+    if s.opts.get("inline_us").is_some() && uring {
+        return Err(s.opts.err("inline_us", "needs engine=threads"));
+    }
+    if inline_us > 1_000_000 {
+        return Err(s
+            .opts
+            .err("inline_us", format!("{inline_us}: 0 to 1000000")));
+    }
     Ok(FileConfig {
         path: PathBuf::from(&s.arg),
         size,
@@ -120,12 +149,14 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
         uring,
         sqpoll,
         rings: rings as usize,
+        inline_gap: (inline_us > 0).then(|| Duration::from_micros(inline_us)),
     })
 }
 
 pub fn open(s: &BackendSpec) -> Result<DevRef> {
     let c = parse(s)?;
     let mut dev = FileDev::open(&c.path, c.size, c.direct, c.read_only)?;
+    dev.alone = Arc::new(Alone::new(c.inline_gap));
     if c.uring {
         dev.uring = Some(super::file_uring::UringFile::open(
             &c.path,
@@ -149,6 +180,7 @@ impl FileDev {
         Ok(FileDev {
             inner: Arc::new(FileInner::open(path, size, direct, read_only)?),
             uring: None,
+            alone: Arc::new(Alone::new(Some(Duration::from_micros(INLINE_US)))),
         })
     }
 }
@@ -499,40 +531,147 @@ impl BlockDev for FileDev {
             }
             None => req,
         };
-        let dev = self.inner.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || dev.run(req))
-                .await
-                .unwrap_or(Err(Errno::EIO))
-        })
+        // Never inline here: callers of `submit` (stages, the EC device's
+        // children) may start several requests before awaiting any.
+        self.alone.enter(Instant::now());
+        self.pool(req)
     }
 
     fn name(&self) -> String {
         format!("file({})", self.inner.path.display())
     }
 
-    /// With engine=uring, completions call back from the engine's thread.
+    /// With engine=uring, completions call back from the engine's thread;
+    /// with engine=threads, from the pool's or, for a request alone on the
+    /// device, from the caller's before `submit_cb` returns.
     fn native_callbacks(&self) -> bool {
-        self.uring.is_some()
+        self.uring.is_some() || self.alone.enabled()
     }
 
     fn submit_cb(&self, req: Request, cb: crate::block::Callback) {
+        if let Err(e) = self.admit(&req) {
+            return cb(Err(e));
+        }
         if let Some(u) = &self.uring {
-            if let Err(e) = self.admit(&req) {
-                return cb(Err(e));
-            }
             if let Some((req, cb)) = u.try_submit(req, cb) {
                 crate::block::drive(self.submit(req), cb);
             }
             return;
         }
-        crate::block::drive(self.submit(req), cb)
+        if self.alone.enter(Instant::now()) {
+            // alone: on this thread, no hop to the pool and back
+            let r = self.inner.run(req);
+            self.alone.leave();
+            return cb(r);
+        }
+        crate::block::drive(self.pool(req), cb)
     }
 }
 
 impl FileDev {
+    /// Runs `req` on the blocking pool; it was counted in with
+    /// [`Alone::enter`] and is counted out when it has run (or when the
+    /// future is dropped unpolled).
+    fn pool(&self, req: Request) -> IoFuture {
+        let (dev, leave) = (self.inner.clone(), Leave(self.alone.clone()));
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let r = dev.run(req);
+                drop(leave);
+                r
+            })
+            .await
+            .unwrap_or(Err(Errno::EIO))
+        })
+    }
+
     /// The range check, and EPERM for changes to a read-only file.
     fn admit(&self, req: &Request) -> Result<(), Errno> {
         req.admit(self.inner.size, self.inner.read_only)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::{Completion, Flags};
+    use std::thread::ThreadId;
+
+    /// Submits through `submit_cb`; the completion and the thread that
+    /// called back.
+    async fn call(dev: &DevRef, req: Request) -> (Completion, ThreadId) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        dev.submit_cb(
+            req,
+            Box::new(move |c| drop(tx.send((c, std::thread::current().id())))),
+        );
+        rx.await.unwrap()
+    }
+
+    #[test]
+    fn inline_us_is_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("a.img");
+        let f = f.display();
+        for (s, want) in [
+            (
+                format!("file:{f},size=1M,engine=uring,inline_us=5"),
+                "needs engine=threads",
+            ),
+            (format!("file:{f},size=1M,inline_us=2000000"), "inline_us"),
+            (format!("file:{f},size=1M,inline_us=x"), "inline_us"),
+        ] {
+            let e = format!("{:#}", crate::backend::check_spec(&s).unwrap_err());
+            assert!(e.contains(want), "{s}: {e}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_request_runs_on_the_callers_thread() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.img");
+        // a long gap (100 ms), so that a test thread descheduled between
+        // two requests cannot make the second one look alone
+        let spec = format!("file:{},size=1M,direct,inline_us=100000", p.display());
+        let dev = crate::backend::open(&spec).unwrap();
+        let idle = Duration::from_millis(150);
+        assert!(dev.native_callbacks(), "inline needs native callbacks");
+        let me = std::thread::current().id();
+        let data = Bytes::from((0..8192u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        tokio::time::sleep(idle).await;
+        let w = Request::Write {
+            offset: 8192,
+            data: data.clone(),
+            flags: Flags::default(),
+        };
+        let (r, t) = call(&dev, w).await;
+        assert!(matches!(r, Ok(Reply::Done(8192))), "{r:?}");
+        assert_eq!(t, me, "an idle device runs a lone request inline");
+        // right after the answer: not alone, so on the pool, and the
+        // device stays off the inline path for DEPTH_HOLD
+        let rd = || Request::Read {
+            offset: 8192,
+            len: 8192,
+        };
+        for _ in 0..2 {
+            let (r, t) = call(&dev, rd()).await;
+            assert!(matches!(&r, Ok(Reply::Data(b)) if *b == data), "{r:?}");
+            assert_ne!(t, me, "a request right after an answer is not alone");
+        }
+        tokio::time::sleep(idle).await;
+        let (r, t) = call(&dev, rd()).await;
+        assert!(matches!(&r, Ok(Reply::Data(b)) if *b == data), "{r:?}");
+        assert_eq!(t, me, "idle again: inline again");
+        // many at once, mixed: every one answered with the right bytes
+        let futs: Vec<_> = (0..16).map(|_| dev.submit(rd())).collect();
+        for f in futs {
+            assert!(matches!(f.await, Ok(Reply::Data(b)) if b == data));
+        }
+        // inline_us=0: never inline, and then no native callbacks
+        let off = crate::backend::open(&format!("file:{},inline_us=0", p.display())).unwrap();
+        assert!(!off.native_callbacks());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let (r, _) = call(&off, rd()).await;
+        assert!(matches!(&r, Ok(Reply::Data(b)) if *b == data), "{r:?}");
     }
 }

@@ -12,6 +12,7 @@ use crate::block::DevRef;
 pub use crate::spec::{Kind, OptHelp, Opts};
 use anyhow::{bail, Context, Result};
 
+pub mod alone;
 pub mod ec;
 pub mod file;
 pub mod file_uring;

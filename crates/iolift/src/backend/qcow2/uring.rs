@@ -14,7 +14,7 @@
 //!   calls the front-end's callback, which writes the reply from that
 //!   thread;
 //! - the inline one (a ring of 8 entries, 2 buffers, no thread): used when
-//!   the request is alone on its data path ([`Depth`]); the submitting
+//!   the request is alone on its data path (`backend/alone.rs`); the submitting
 //!   thread puts it into the ring, submits it and waits for its completion
 //!   with one `io_uring_enter` (GETEVENTS, min_complete 1), then answers
 //!   it itself. At queue depth 1 that removes the hand-off to the ring's
@@ -42,13 +42,14 @@
 //! request's life.
 
 use super::lat::Latency;
+use crate::backend::alone::Alone;
 use crate::block::{Callback, Errno, Reply, Request};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use iolift_direct::{Config, Direct, Done, Engine, Op, Open, Target};
 use iolift_qcow2::{DataPath, Served};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,11 +57,6 @@ use std::time::{Duration, Instant};
 pub const BUF_SIZE: usize = 16 << 10;
 /// Registered buffers of each inline ring (it runs one request at a time).
 const INLINE_BUFS: usize = 2;
-/// After a request that found its path idle but came right after the
-/// previous answer (so it had been waiting behind it), no request of the
-/// path runs inline for this long: the client is at depth.
-const DEPTH_HOLD: Duration = Duration::from_millis(1);
-
 /// How a request should run, as [`Uring::start`] decided.
 pub enum Start {
     /// Started on a ring; the callback will be called.
@@ -91,29 +87,11 @@ pub struct UringStats {
     pub inline_other: u64,
 }
 
-/// Whether a request is alone on its data path: nothing else of the path
-/// in flight, and the request did not arrive right after the previous one
-/// was answered. The second half tells a client at queue depth 1 (its next
-/// request comes a network round trip after the reply) from requests that
-/// were already waiting in the connection's buffer while the previous one
-/// ran (which would otherwise each find the path idle, one after the
-/// other, and be served one at a time). Such a request also keeps the
-/// path off the inline ring for [`DEPTH_HOLD`], so that a thread delayed
-/// between two requests (a busy machine) does not make a client at depth
-/// look like one at depth 1.
-struct Depth {
-    in_flight: AtomicUsize,
-    /// When the last request of the path was answered, in ns since
-    /// [`Uring::base`].
-    last_done: AtomicU64,
-    /// No inline request before this time (ns since [`Uring::base`]).
-    hold_until: AtomicU64,
-}
-
 struct PathRing {
     eng: Engine,
     inline: Engine,
-    depth: Depth,
+    /// Whether a request is alone on this path (`backend/alone.rs`).
+    depth: Alone,
     inline_hits: AtomicU64,
     inline_misses: AtomicU64,
     inline_other: AtomicU64,
@@ -121,10 +99,6 @@ struct PathRing {
 
 pub struct Uring {
     paths: Vec<Arc<PathRing>>,
-    base: Instant,
-    /// A request finding its path idle runs on the submitting thread only
-    /// if the path has been idle at least this long (None: never).
-    gap: Option<Duration>,
 }
 
 fn engine(path: &Path, read_only: bool, cfg: Config) -> Result<Engine> {
@@ -179,21 +153,13 @@ impl Uring {
             v.push(Arc::new(PathRing {
                 eng,
                 inline,
-                depth: Depth {
-                    in_flight: AtomicUsize::new(0),
-                    last_done: AtomicU64::new(0),
-                    hold_until: AtomicU64::new(0),
-                },
+                depth: Alone::new(gap),
                 inline_hits: AtomicU64::new(0),
                 inline_misses: AtomicU64::new(0),
                 inline_other: AtomicU64::new(0),
             }));
         }
-        Ok(Uring {
-            paths: v,
-            base: Instant::now(),
-            gap,
-        })
+        Ok(Uring { paths: v })
     }
 
     pub fn stats(&self) -> UringStats {
@@ -210,10 +176,6 @@ impl Uring {
         })
     }
 
-    fn ns(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.base).as_nanos() as u64
-    }
-
     /// Starts `req` on data path `w` (see the top). The callback given
     /// back with [`Start::Here`] or [`Start::Pool`] must be called with the
     /// request's completion: it counts the request out of its path.
@@ -227,30 +189,12 @@ impl Uring {
     ) -> Start {
         let p = self.paths[w % self.paths.len()].clone();
         let t0 = Instant::now();
-        let before = p.depth.in_flight.fetch_add(1, Ordering::Acquire);
-        let alone = match self.gap {
-            Some(g) if before == 0 => {
-                let d = &p.depth;
-                let now = self.ns(t0);
-                if now.saturating_sub(d.last_done.load(Ordering::Relaxed)) < g.as_nanos() as u64 {
-                    d.hold_until
-                        .store(now + DEPTH_HOLD.as_nanos() as u64, Ordering::Relaxed);
-                    false
-                } else {
-                    now >= d.hold_until.load(Ordering::Relaxed)
-                }
-            }
-            _ => false,
-        };
+        let alone = p.depth.enter(t0);
         // Answers, then counts the request out of its path.
-        let me = self.clone();
         let pr = p.clone();
         let cb: Callback = Box::new(move |r| {
             cb(r);
-            pr.depth
-                .last_done
-                .store(me.ns(Instant::now()), Ordering::Relaxed);
-            pr.depth.in_flight.fetch_sub(1, Ordering::Release);
+            pr.depth.leave();
         });
         let eng = if alone { &p.inline } else { &p.eng };
         // The host range of a read or in-place write the cache can place
