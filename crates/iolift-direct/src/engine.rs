@@ -41,6 +41,9 @@
 //! that need a write ordered before a flush wait for the write first.
 
 mod inline;
+mod stats;
+
+pub use stats::Stats;
 
 use crate::buf::{AlignedBuf, Buf, FixedPool, PinHook};
 use crate::slot::{pair, Pending};
@@ -48,7 +51,7 @@ use crate::target::Target;
 use io_uring::{opcode, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -156,27 +159,12 @@ impl Done {
 /// Called once with a request's completion, on the engine's thread.
 pub type Callback = Box<dyn FnOnce(Done) + Send>;
 
-/// Counters of the engine's work.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Requests completed.
-    pub ops: u64,
-    /// `io_uring_enter` calls (submit and/or wait) made by the engine thread.
-    pub enters: u64,
-    /// The most requests put into the ring by one submission.
-    pub max_batch: u64,
-    /// Device flushes asked for with [`Engine::flush`].
-    pub flushes: u64,
-}
-
 struct Shared {
     queue: Mutex<Vec<(Op, Callback)>>,
     efd: OwnedFd,
     stop: AtomicBool,
-    ops: AtomicU64,
-    enters: AtomicU64,
-    max_batch: AtomicU64,
-    flushes: AtomicU64,
+    /// The engine's counters ([`Engine::stats`]).
+    count: stats::Counters,
 }
 
 impl Shared {
@@ -304,10 +292,7 @@ impl Engine {
             // SAFETY: efd is a new descriptor that nothing else owns.
             efd: unsafe { OwnedFd::from_raw_fd(efd) },
             stop: AtomicBool::new(false),
-            ops: AtomicU64::new(0),
-            enters: AtomicU64::new(0),
-            max_batch: AtomicU64::new(0),
-            flushes: AtomicU64::new(0),
+            count: Default::default(),
         });
         let target = Arc::new(target);
         if cfg.inline {
@@ -380,12 +365,7 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Stats {
-        Stats {
-            ops: self.shared.ops.load(Ordering::Relaxed),
-            enters: self.shared.enters.load(Ordering::Relaxed),
-            max_batch: self.shared.max_batch.load(Ordering::Relaxed),
-            flushes: self.shared.flushes.load(Ordering::Relaxed),
-        }
+        self.shared.count.snapshot()
     }
 
     /// Queues one request; `cb` runs on the engine's thread when it
@@ -405,13 +385,14 @@ impl Engine {
             }
             return;
         }
+        self.shared.count.submitted(&ops);
         if let Some(r) = &self.inline {
             let n = ops.len() as u64;
             let done = r
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .run(&self.shared, ops);
-            self.shared.ops.fetch_add(n, Ordering::Relaxed);
+            self.shared.count.ops.fetch_add(n, Ordering::Relaxed);
             for (cb, d) in done {
                 cb(d);
             }
@@ -440,12 +421,13 @@ impl Engine {
         if self.shared.stop.load(Ordering::Acquire) {
             return self.submit_batch(ops);
         }
+        self.shared.count.submitted(&ops);
         let n = ops.len() as u64;
         let done = r
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .start(&self.shared, ops);
-        self.shared.ops.fetch_add(n, Ordering::Relaxed);
+        self.shared.count.ops.fetch_add(n, Ordering::Relaxed);
         for (cb, d) in done {
             cb(d);
         }
@@ -485,7 +467,7 @@ impl Engine {
     }
 
     pub fn flush(&self) -> Pending<Done> {
-        self.shared.flushes.fetch_add(1, Ordering::Relaxed);
+        self.shared.count.flushes.fetch_add(1, Ordering::Relaxed);
         self.run(Op::Flush)
     }
 }
@@ -638,7 +620,10 @@ impl Worker {
                 in_flight += 1;
                 pushed += 1;
             }
-            self.shared.max_batch.fetch_max(pushed, Ordering::Relaxed);
+            self.shared
+                .count
+                .max_batch
+                .fetch_max(pushed, Ordering::Relaxed);
             let stopping = self.shared.stop.load(Ordering::Acquire);
             if stopping && in_flight == 0 && self.shared.queue.lock().unwrap().is_empty() {
                 break;
@@ -687,7 +672,7 @@ impl Worker {
     }
 
     fn complete(&self, cb: Callback, res: i32, buf: Option<Buf>) {
-        self.shared.ops.fetch_add(1, Ordering::Relaxed);
+        self.shared.count.ops.fetch_add(1, Ordering::Relaxed);
         cb(Done { res, buf });
     }
 
@@ -700,7 +685,7 @@ impl Worker {
     /// retrying on EINTR (and on EBUSY/EAGAIN: the completion queue is
     /// full, which the reap after this call resolves).
     fn enter(&mut self, want: usize) {
-        self.shared.enters.fetch_add(1, Ordering::Relaxed);
+        self.shared.count.enters.fetch_add(1, Ordering::Relaxed);
         loop {
             match self.ring.submit_and_wait(want) {
                 Ok(_) => return,

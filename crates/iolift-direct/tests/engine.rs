@@ -456,6 +456,12 @@ fn inline_completes_on_the_callers_thread() {
     assert!(r.buf.unwrap()[..4096].iter().all(|&b| b == 6));
     assert_eq!(eng.stats().enters, before + 1, "one enter for one read");
     assert_eq!(eng.flush().wait().res, 0);
+    let s = eng.stats();
+    assert_eq!(
+        (s.writes, s.written_bytes, s.reads, s.read_bytes, s.flushes),
+        (32, 32 * 4096, 1, 4096, 1),
+        "requests and bytes counted as submitted: {s:?}"
+    );
 }
 
 /// Inline mode spinning on the completion ring before it sleeps: the same

@@ -105,6 +105,7 @@ impl InlineRing {
             }
             if !in_ring.is_empty() {
                 shared
+                    .count
                     .max_batch
                     .fetch_max(in_ring.len() as u64, Ordering::Relaxed);
                 submit_and_reap(self, shared, &mut in_ring, &mut out);
@@ -188,7 +189,7 @@ impl InlineRing {
     /// One `io_uring_enter` that submits what is queued and waits for
     /// `want` completions.
     fn enter(&mut self, shared: &Shared, want: usize) {
-        shared.enters.fetch_add(1, Ordering::Relaxed);
+        shared.count.enters.fetch_add(1, Ordering::Relaxed);
         match self.ring.submit_and_wait(want) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
@@ -235,7 +236,7 @@ fn submit_and_reap(
         // Submit without waiting: no system call under SQPOLL while its
         // thread is awake (the io_uring crate enters only to wake it).
         if !r.sqpoll || r.ring.submission().need_wakeup() {
-            shared.enters.fetch_add(1, Ordering::Relaxed);
+            shared.count.enters.fetch_add(1, Ordering::Relaxed);
         }
         loop {
             match r.ring.submit() {
@@ -261,7 +262,7 @@ fn submit_and_reap(
         }
     }
     while left > 0 {
-        shared.enters.fetch_add(1, Ordering::Relaxed);
+        shared.count.enters.fetch_add(1, Ordering::Relaxed);
         match r.ring.submit_and_wait(left) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
