@@ -13,6 +13,31 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// Hashes a file block number with one multiplication (Fibonacci
+/// hashing): the keys are small integers chosen by the file's layout, not
+/// by an adversary, and every read and write of a block looks one up, so
+/// the default SipHash's cost is not worth paying.
+#[derive(Default, Clone, Copy)]
+pub struct BlockHasher(u64);
+
+impl std::hash::Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type BlockMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<BlockHasher>>;
+
 struct Slot {
     data: AlignedBuf,
     dirty: bool,
@@ -21,7 +46,7 @@ struct Slot {
 
 /// One open file's cached blocks.
 pub struct Cache {
-    map: HashMap<u64, Slot>,
+    map: BlockMap<Slot>,
     cap: usize,
     tick: u64,
     /// Blocks in every cache sharing this counter.
@@ -39,7 +64,7 @@ impl Cache {
     pub fn counted(cap: usize, total: Arc<AtomicUsize>) -> Cache {
         Cache {
             // Grows as blocks come: a large cap costs nothing unused.
-            map: HashMap::with_capacity(cap.clamp(1, 16)),
+            map: BlockMap::with_capacity_and_hasher(cap.clamp(1, 16), Default::default()),
             cap: cap.max(1),
             tick: 0,
             total,
@@ -128,6 +153,33 @@ impl Cache {
             .collect();
         v.sort_unstable();
         v
+    }
+
+    /// The block, not marked as used.
+    pub fn peek(&self, fb: u64) -> Option<&AlignedBuf> {
+        self.map.get(&fb).map(|s| &s.data)
+    }
+
+    /// The block is clean from now on (its write-back has its bytes).
+    pub fn mark_clean(&mut self, fb: u64) {
+        if let Some(s) = self.map.get_mut(&fb) {
+            s.dirty = false;
+        }
+    }
+
+    /// The least recently used block and whether it is dirty (left in).
+    pub fn lru(&self) -> Option<(u64, bool)> {
+        self.map
+            .iter()
+            .min_by_key(|(_, s)| s.used)
+            .map(|(k, s)| (*k, s.dirty))
+    }
+
+    /// Removes a block; returns its data and dirty flag.
+    pub fn remove(&mut self, fb: u64) -> Option<(AlignedBuf, bool)> {
+        let s = self.map.remove(&fb)?;
+        self.total.fetch_sub(1, Ordering::Relaxed);
+        Some((s.data, s.dirty))
     }
 
     /// A copy of a block to write back; the block is clean from now on.

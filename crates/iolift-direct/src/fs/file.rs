@@ -66,7 +66,8 @@ impl Fs {
             let whole = at == 0 && k == bs as usize;
             if whole && !f.cache.contains(fb) {
                 self.make_room(f)?;
-                f.cache.insert(fb, AlignedBuf::new(bs as usize));
+                // Every byte is written below.
+                f.cache.insert(fb, self.dev.buf(bs as usize));
             } else {
                 self.cached_block(f, fb)?;
             }
@@ -103,7 +104,7 @@ impl Fs {
             // is cached zeroed there and dirty, so the zeroes reach the
             // disk before a larger size does.
             let (data, stale) = match self.bmap(&f.inode, fb)? {
-                Some(_) if !ours && fb * bs >= f.trusted => (AlignedBuf::new(self.dev.bs), true),
+                Some(_) if !ours && fb * bs >= f.trusted => (self.dev.zero_block(), true),
                 Some(phys) => {
                     let mut b = self.dev.read(phys)?;
                     let stale = !ours && fb == f.trusted / bs;
@@ -112,7 +113,7 @@ impl Fs {
                     }
                     (b, stale)
                 }
-                None => (AlignedBuf::new(self.dev.bs), false),
+                None => (self.dev.zero_block(), false),
             };
             f.cache.insert(fb, data);
             if stale {
@@ -162,32 +163,31 @@ impl Fs {
         // eviction for a later one can take it.
         for (i, chunk) in run.chunks_exact(bs as usize).enumerate().rev() {
             self.make_room(f)?;
-            let b = AlignedBuf::copy_of(chunk);
+            let b = self.dev.concat([chunk], bs as usize);
             f.cache.insert(fb + i as u64, b);
         }
+        self.dev.recycle(run);
         f.ra_next = fb + n;
         Ok(true)
     }
 
     /// Evicts one block when the cache is full, or when the file system's
-    /// cache budget is spent and the file has a block; writes it back if
-    /// dirty.
+    /// cache budget is spent and the file has a block. When that block is
+    /// dirty, every dirty block of the file is written back first (started,
+    /// not waited for) and stays cached, clean.
     pub(super) fn make_room(&mut self, f: &mut File) -> io::Result<()> {
-        let victim = if self.over_budget(f) {
-            f.cache.evict_lru()
+        let victim = if self.over_budget(f) || f.cache.len() >= f.cache.cap() {
+            f.cache.lru()
         } else {
-            f.cache.evict_if_full()
+            None
         };
-        if let Some((fb, data, dirty)) = victim {
+        if let Some((fb, dirty)) = victim {
             if dirty {
-                // The other dirty blocks go in the same batch and stay
-                // cached, clean.
-                let mut batch = vec![(fb, data)];
-                for d in f.cache.dirty_blocks() {
-                    let copy = f.cache.copy_and_clean(d).expect("dirty block cached");
-                    batch.push((d, copy));
-                }
+                let batch = f.cache.dirty_blocks();
                 self.write_back_batch(f, batch, false)?;
+            }
+            if let Some((data, _)) = f.cache.remove(fb) {
+                self.dev.recycle(data);
             }
         }
         Ok(())
@@ -214,11 +214,7 @@ impl Fs {
                 }
             }
         }
-        let mut batch = Vec::new();
-        for fb in f.cache.dirty_blocks() {
-            let copy = f.cache.copy_and_clean(fb).expect("dirty block cached");
-            batch.push((fb, copy));
-        }
+        let batch = f.cache.dirty_blocks();
         self.write_back_batch(f, batch, true)?;
         if f.inode_dirty {
             self.put_inode(f.ino, &f.inode)?;

@@ -56,11 +56,11 @@ impl Dev {
         r
     }
 
-    /// Starts writing whole blocks (consecutive ones share a request, as in
-    /// [`Dev::write_many`]) and returns without waiting.
-    pub fn start_many(&self, blocks: Vec<(u64, AlignedBuf)>) -> io::Result<()> {
+    /// Starts writing runs of blocks (see [`Dev::write_many`]) and returns
+    /// without waiting.
+    pub fn start_runs(&self, runs: Vec<(u64, usize, AlignedBuf)>) -> io::Result<()> {
         self.settle()?;
-        let (ops, waits) = self.run_writes(self.runs(blocks));
+        let (ops, waits) = self.run_writes(runs);
         self.eng.start_batch(ops);
         *self.inflight.borrow_mut() = Some(Inflight {
             waits,
@@ -85,7 +85,10 @@ impl Dev {
     pub(super) fn check(&self, waits: Vec<(u64, usize, Pending<Done>)>) -> io::Result<()> {
         let mut first_err = None;
         for (b, n, rx) in waits {
-            let d = rx.wait();
+            let mut d = rx.wait();
+            if let Some(crate::buf::Buf::Aligned(a)) = d.buf.take() {
+                self.recycle(a);
+            }
             let what = if n == 1 {
                 format!("block {b}")
             } else {

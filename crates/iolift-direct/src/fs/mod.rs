@@ -40,6 +40,7 @@ pub mod fsck;
 mod inflight;
 pub mod layout;
 mod mkfs;
+mod recycle;
 mod rename;
 mod writeback;
 
@@ -99,6 +100,8 @@ pub(crate) struct Dev {
     inflight: std::cell::RefCell<Option<inflight::Inflight>>,
     /// Set when a write-back that nobody waited for failed.
     failed: std::cell::RefCell<Option<(io::ErrorKind, String)>>,
+    /// Buffers kept for reuse (recycle.rs).
+    recycle: std::cell::RefCell<recycle::Recycler>,
 }
 
 impl Dev {
@@ -108,7 +111,7 @@ impl Dev {
             .eng
             .run(Op::Read {
                 offset: b * self.bs as u64,
-                buf: Buf::Aligned(AlignedBuf::new(self.bs)),
+                buf: Buf::Aligned(self.buf(self.bs)),
             })
             .wait();
         let n = d
@@ -134,7 +137,9 @@ impl Dev {
         let mut at = 0;
         while at < n {
             let k = per.min(n - at);
-            out.extend_from_slice(&self.read_run(b + at, k as usize)?);
+            let run = self.read_run(b + at, k as usize)?;
+            out.extend_from_slice(&run);
+            self.recycle(run);
             at += k;
         }
         Ok(())
@@ -148,7 +153,7 @@ impl Dev {
             .eng
             .run(Op::Read {
                 offset: b * self.bs as u64,
-                buf: Buf::Aligned(AlignedBuf::new(len)),
+                buf: Buf::Aligned(self.buf(len)),
             })
             .wait();
         let got = d
@@ -190,9 +195,10 @@ impl Dev {
     }
 
     pub fn write_bytes(&self, b: u64, data: &[u8]) -> io::Result<()> {
-        let mut a = AlignedBuf::new(self.bs);
-        a[..data.len()].copy_from_slice(data);
-        self.write(b, a).map(drop)
+        let a = self.concat([data], self.bs);
+        let back = self.write(b, a)?;
+        self.recycle(back);
+        Ok(())
     }
 
     pub fn flush(&self) -> io::Result<()> {
@@ -291,6 +297,7 @@ impl Fs {
             bs: sb.block_size as usize,
             inflight: Default::default(),
             failed: Default::default(),
+            recycle: Default::default(),
         };
         let mut bitmap = Vec::with_capacity(sb.bitmap_blocks as usize * dev.bs);
         dev.read_area(sb.bitmap_start as u64, sb.bitmap_blocks as u64, &mut bitmap)?;

@@ -13,37 +13,49 @@ use crate::engine::Op;
 use std::io;
 
 impl Fs {
-    /// Writes `blocks` (file block, contents) of `f`.
-    /// With `wait` false (a cache making room) the data is only started
-    /// and the pointer blocks written once it is on the disk (inflight.rs).
+    /// Writes the cached blocks `blocks` (file block numbers) of `f`,
+    /// copied straight from its cache into the requests' buffers (one copy
+    /// per block); they are clean from then on. With `wait` false (a cache
+    /// making room) the data is only started and the pointer blocks
+    /// written once it is on the disk (inflight.rs).
     pub(super) fn write_back_batch(
         &mut self,
         f: &mut File,
-        blocks: Vec<(u64, AlignedBuf)>,
+        blocks: Vec<u64>,
         wait: bool,
     ) -> io::Result<()> {
         let bs = self.dev.bs as u64;
         let mut writes = Vec::with_capacity(blocks.len());
         let mut new = Vec::new();
-        for (fb, data) in blocks {
+        for fb in blocks {
             if (fb + 1) * bs > f.trusted {
                 f.written_past.insert(fb);
             }
             match self.bmap(&f.inode, fb)? {
-                Some(phys) => writes.push((phys, data)),
-                None => new.push((fb, data)),
+                Some(phys) => writes.push((phys, fb)),
+                None => new.push(fb),
             }
         }
         let phys = self.alloc_blocks(new.len())?;
         let mut ptrs = Vec::with_capacity(new.len());
-        for ((fb, data), p) in new.into_iter().zip(phys) {
-            writes.push((p, data));
+        for (fb, p) in new.into_iter().zip(phys) {
+            writes.push((p, fb));
             ptrs.push((fb, p));
         }
+        let runs = {
+            let cache = &f.cache;
+            let data = |fb: u64| &cache.peek(fb).expect("dirty block cached")[..];
+            self.dev
+                .runs_of(writes.iter().map(|&(p, fb)| (p, data(fb))).collect())
+        };
+        for &(_, fb) in &writes {
+            f.cache.mark_clean(fb);
+        }
         if wait {
-            self.dev.write_many(writes)?;
+            self.dev.settle()?;
+            self.dev.write_runs(runs)?;
         } else {
-            self.dev.start_many(writes)?;
+            self.dev.start_runs(runs)?;
         }
         if !ptrs.is_empty() {
             let mut n = f.inode.clone();
@@ -189,6 +201,27 @@ impl super::Dev {
         self.write_runs(self.runs(blocks))
     }
 
+    /// Groups borrowed blocks (disk block, bytes) into runs of consecutive
+    /// blocks, each copied into one buffer of at most [`WRITE_RUN_MAX`]
+    /// bytes (first block, blocks, buffer).
+    pub(super) fn runs_of(&self, mut blocks: Vec<(u64, &[u8])>) -> Vec<(u64, usize, AlignedBuf)> {
+        blocks.sort_by_key(|(b, _)| *b);
+        let per = (WRITE_RUN_MAX / self.bs).max(1);
+        let mut runs = Vec::new();
+        let mut at = 0;
+        while at < blocks.len() {
+            let first = blocks[at].0;
+            let mut n = 1;
+            while n < per && at + n < blocks.len() && blocks[at + n].0 == first + n as u64 {
+                n += 1;
+            }
+            let parts = blocks[at..at + n].iter().map(|(_, d)| &d[..self.bs]);
+            runs.push((first, n, self.concat(parts, n * self.bs)));
+            at += n;
+        }
+        runs
+    }
+
     /// Groups blocks into runs of consecutive blocks (first block, blocks,
     /// one buffer), each at most [`WRITE_RUN_MAX`] bytes.
     pub(super) fn runs(&self, mut blocks: Vec<(u64, AlignedBuf)>) -> Vec<(u64, usize, AlignedBuf)> {
@@ -209,7 +242,9 @@ impl super::Dev {
             let buf = if n == 1 {
                 run.pop().expect("one block")
             } else {
-                AlignedBuf::concat(run.iter().map(|d| &d[..self.bs]), n * self.bs)
+                let b = self.concat(run.iter().map(|d| &d[..self.bs]), n * self.bs);
+                run.into_iter().for_each(|d| self.recycle(d));
+                b
             };
             runs.push((first, n, buf));
         }
