@@ -25,7 +25,14 @@
 #            data path spins on its ring's completion up to that long
 #            before sleeping in io_uring_enter (no wake-up when the device
 #            answers within it; a CPU busy meanwhile)
-#   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit)
+#   hitp     hits with the NBD front-end's poll mode (serve --poll-us
+#            $POLL_US, default 100): at low queue depth the thread that
+#            answered a request retries its socket for the next one before
+#            sleeping, and spins on the ring for the disk's answer, so at
+#            QD 1 the server is never woken (a CPU busy meanwhile); both
+#            turn themselves off at depth
+#   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit;
+#            a request alone on the file runs on the thread that read it)
 #   qraw     (floor section) qemu-nbd --cache=none --aio=io_uring serving the
 #            raw file: the NBD hop without any qcow2 translation
 #   dev      (floor section) no server: fio reads the raw file itself
@@ -34,9 +41,11 @@
 #   main     1 GiB image, 64 KiB clusters: QD 1..128 (QDS), and 4
 #            connections at QD 8
 #   miss     (MISS=1) cp against miss at QD 1 and 32 and 4 connections x QD 8
-#   spin     (SPIN=1) QD 1 reads: both qemu-nbds against hits (hitu is in main)
-#   floor    (FLOOR=1, off by default) QD 1 reads: qemuu, qraw, raw, dev and
-#            hitu: what the disk and the NBD hop leave to any server at QD 1
+#   spin     (SPIN=1) QD 1 reads: both qemu-nbds against hits (hitu and hitp
+#            are in main)
+#   floor    (FLOOR=1, off by default) QD 1 reads: qemuu, qraw, raw, dev,
+#            hitu and hitp: what the disk and the NBD hop leave to any
+#            server at QD 1
 #   place    (PLACE=1) the data path per worker (hitu) against per
 #            connection (hitc), 4 connections at QD 8
 #   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
@@ -51,8 +60,8 @@
 # socket reported, peak RSS, and the targets as met / not met. Not a
 # test: see docs/qcow2.md.
 #
-#   bench/qcow2.sh                       # R=3, 2 s per job: about 10 minutes
-#   PLACE=0 SMALL=0 bench/qcow2.sh       # about 8 minutes
+#   bench/qcow2.sh                       # R=3, 2 s per job: about 9 minutes
+#   PLACE=0 SMALL=0 SPIN=0 bench/qcow2.sh   # about 6 minutes
 #   R=5 RUNTIME=5 SIZE=4G bench/qcow2.sh
 #   DIRECT=0 bench/qcow2.sh              # through the page cache instead
 #   SMALL=0 WRITES=0 PLACE=0 MISS=0 SPIN=0 bench/qcow2.sh   # the main section only
@@ -73,10 +82,11 @@ WRITES=${WRITES:-1}
 PLACE=${PLACE:-1}
 SPIN=${SPIN:-1}
 SPIN_US=${SPIN_US:-50}
+POLL_US=${POLL_US:-100}
 FLOOR=${FLOOR:-0}
 MISS=${MISS:-1}
 QAIO=${QAIO:-native}
-MAIN_SERVERS=${MAIN_SERVERS:-"qemu qemuu hitu raw"}
+MAIN_SERVERS=${MAIN_SERVERS:-"qemu qemuu hitu hitp raw"}
 PROFILE=${PROFILE:-release}
 TARGET=${CARGO_TARGET_DIR:-target}
 IOLIFT=$TARGET/$PROFILE/iolift
@@ -128,6 +138,7 @@ start_server() { # name socket image entries readonly(1/0)
         hitq) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,inline_us=0" 2>"$WORK/$s.log" & ;;
         hitc) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,placement=conn" 2>"$WORK/$s.log" & ;;
         hits) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=$SPIN_US" 2>"$WORK/$s.log" & ;;
+        hitp) "$IOLIFT" serve --poll-us "$POLL_US" --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=$SPIN_US" 2>"$WORK/$s.log" & ;;
         raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
         qraw) qemu-nbd -f raw $qro $QCACHEU -k "$sock" --persistent --shared=8 "$RAW" 2>"$WORK/$s.log" & ;;
     esac
@@ -212,7 +223,7 @@ if [[ $SPIN == 1 ]]; then
     section spin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hits" qd1
 fi
 if [[ $FLOOR == 1 ]]; then
-    section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw dev hitu" qd1
+    section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw dev hitu hitp" qd1
 fi
 if [[ $PLACE == 1 ]]; then
     section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hitu hitc" qd8x4
@@ -224,7 +235,7 @@ if [[ $SMALL == 1 ]]; then
     rm -f "$IMG4"
 fi
 if [[ $WRITES == 1 ]]; then
-    section write "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randwrite "qemu qemuu hitu" qd1 qd32 qd1f
+    section write "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randwrite "qemu qemuu hitu hitp" qd1 qd32 qd1f
 fi
 echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
@@ -308,7 +319,7 @@ for line in open(f"{work}/sections"):
     M = lambda s, j, k: med[sec, s, j][k]
     P = lambda j: peer[sec, j]
     if sec in ("main", "small", "place", "spin"):
-        for h in ("hit", "hitw", "hitq", "hitu", "hitc", "hits"):
+        for h in ("hit", "hitw", "hitq", "hitu", "hitc", "hits", "hitp"):
             if h not in servers or not qemus:
                 continue
             for j in jobs:
@@ -324,7 +335,7 @@ for line in open(f"{work}/sections"):
     if sec == "main":
         j1 = "qd1"
         if j1 in jobs and "raw" in servers:
-            for h in ("hit", "hitw", "hitq", "hitu"):
+            for h in ("hit", "hitw", "hitq", "hitu", "hitp"):
                 if h not in servers:
                     continue
                 r = M(h, j1, "50") / M("raw", j1, "50")
@@ -337,7 +348,7 @@ for line in open(f"{work}/sections"):
             r = M("miss", "qd1", "50") / M("cp", "qd1", "50")
             targets.append((f"[{sec}] miss p50 no worse than control-plane-only at qd1", r <= 1.0, f"{r:.2f}x"))
     if sec == "write":
-        for h in ("hitw", "hitq", "hitu"):
+        for h in ("hitw", "hitq", "hitu", "hitp"):
             for j in jobs if h in servers else []:
                 r = M(h, j, "iops") / M(P(j), j, "iops")
                 targets.append((f"[write] iolift {h} write IOPS no slower than qemu-nbd ({P(j)}) at {j}", r >= 1.0, f"{r:.2f}x"))
