@@ -93,6 +93,17 @@ fn db_bench_runs_are_verified_and_dump_agrees() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("kv.img");
     verified_run(&img);
+    // --mkfs allocated the new image in full (no holes for O_DIRECT
+    // writes to fall into).
+    let meta = std::fs::metadata(&img).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.len(), 256 << 20);
+    assert!(
+        meta.blocks() * 512 >= meta.len(),
+        "allocated: {} of {} bytes",
+        meta.blocks() * 512,
+        meta.len()
+    );
     // readseq counts what dump prints.
     let out = run_ok(
         Command::new(iolift_bin())
@@ -102,12 +113,26 @@ fn db_bench_runs_are_verified_and_dump_agrees() {
                 "--num",
                 "4000",
                 "--use_existing_db=1",
+                "--stats",
                 "--image",
             ])
             .arg(&img)
             .arg("--benchmarks=fillrandom,readseq"),
     )
     .stdout;
+    // --stats: the engine wrote the fill's 4000 x 116 bytes at least.
+    let eng = out
+        .lines()
+        .find(|l| l.starts_with("stats: engine: "))
+        .unwrap_or_else(|| panic!("no engine stats line: {out}"));
+    let w: Vec<&str> = eng.split(" writes (").collect();
+    let writes: u64 = w[0].rsplit(' ').next().unwrap().parse().unwrap();
+    let mib: f64 = w[1].split(' ').next().unwrap().parse().unwrap();
+    assert!(writes > 0 && mib * 1048576.0 >= 4000.0 * 116.0, "{eng}");
+    assert!(
+        out.lines().any(|l| l.starts_with("stats: /proc/self/io: ")),
+        "{out}"
+    );
     let readseq = out.lines().find(|l| l.starts_with("readseq")).unwrap();
     let d = dump(&img);
     assert!(d.len() > 2000, "{}", d.len());

@@ -78,7 +78,8 @@ struct StoreArgs {
     #[arg(long)]
     image: Option<PathBuf>,
     /// Make a new AccelFS on --image first; SIZE creates a missing image
-    /// file (e.g. 1G; an existing file or device keeps its size).
+    /// file (e.g. 1G; an existing file or device keeps its size). An
+    /// image file is allocated in full (fallocate), as a device is.
     #[arg(long, value_name = "SIZE")]
     mkfs: Option<String>,
     /// AccelFS block size for --mkfs.
@@ -163,6 +164,11 @@ struct BenchArgs {
     /// Print `synced KEY VALUE-HEX` after each synced write.
     #[arg(long = "print_synced")]
     print_synced: bool,
+    /// After the report lines, print what the run asked of the storage:
+    /// the io_uring engine's requests, bytes and flushes (--env accelfs)
+    /// and the process's /proc/self/io counters (every environment).
+    #[arg(long)]
+    stats: bool,
 }
 
 /// The environment: `AccelEnv` (to unmount at the end) or a POSIX one.
@@ -247,6 +253,12 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
     )?;
     if let Some(why) = t.fallback() {
         eprintln!("iolift kv: buffered I/O: {why}");
+    }
+    if a.mkfs.is_some() {
+        // A fresh image is sparse: allocate it, as a block device is.
+        if let Err(e) = t.allocate() {
+            eprintln!("iolift kv: image left sparse: {e}");
+        }
     }
     let io = if t.align() > 1 {
         "O_DIRECT"
@@ -382,7 +394,11 @@ fn bench_cmd(b: BenchArgs) -> Result<ExitCode> {
     )?;
     writeln!(out, "Threads:    {}", o.threads)?;
     writeln!(out, "------------------------------------------------")?;
+    let before = IoCounts::now(&store);
     let r = bench::run(&o, &store.opt, &store.db, &mut out);
+    if b.stats {
+        IoCounts::now(&store).print_since(&before, &mut out)?;
+    }
     drop(out);
     let ok = finish(store, b.store.fsck)?;
     r.map_err(anyhow::Error::msg)?;
@@ -391,4 +407,56 @@ fn bench_cmd(b: BenchArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// What a run asked of the storage: the engine's counters (AccelFS) and
+/// the process's /proc/self/io (name, value) lines.
+struct IoCounts {
+    engine: Option<iolift_direct::Stats>,
+    proc_io: Vec<(String, u64)>,
+}
+
+impl IoCounts {
+    fn now(store: &Store) -> IoCounts {
+        let engine = store
+            .accel
+            .as_ref()
+            .and_then(|e| e.with_fs(|fs| Ok(fs.engine().stats())).ok());
+        let proc_io = std::fs::read_to_string("/proc/self/io")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                Some((k.to_string(), v.trim().parse().ok()?))
+            })
+            .collect();
+        IoCounts { engine, proc_io }
+    }
+
+    fn print_since(&self, before: &IoCounts, out: &mut dyn Write) -> Result<()> {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        if let (Some(a), Some(b)) = (self.engine, before.engine) {
+            writeln!(
+                out,
+                "stats: engine: {} reads ({:.1} MiB), {} writes ({:.1} MiB), {} flushes, {} io_uring_enter calls",
+                a.reads - b.reads,
+                mib(a.read_bytes - b.read_bytes),
+                a.writes - b.writes,
+                mib(a.written_bytes - b.written_bytes),
+                a.flushes - b.flushes,
+                a.enters - b.enters
+            )?;
+        }
+        let mut line = String::from("stats: /proc/self/io:");
+        for (k, v) in &self.proc_io {
+            let was = before
+                .proc_io
+                .iter()
+                .find(|(n, _)| n == k)
+                .map_or(0, |x| x.1);
+            line.push_str(&format!(" {k} {}", v.saturating_sub(was)));
+        }
+        writeln!(out, "{line}")?;
+        Ok(())
+    }
 }
