@@ -77,6 +77,14 @@ fi
 #            (--direct-io=on) over an image file on the same disk, through
 #            the page cache (pread / pwrite / fdatasync), as applications
 #            use files.
+#   fio-*    the floor: fio itself on raw.img, 4K random read / write at
+#            queue depth 1, O_DIRECT, FLOOR_IOS requests (default 2000)
+#            each, with psync (pread / pwrite) and io_uring plain, with
+#            registered files and buffers, with SQPOLL (and those), and
+#            with hipri (IOPOLL) where the device has poll queues: the
+#            fastest submission any io_uring user gets on this device,
+#            against fio's pread on the same file (latency from submission
+#            to completion, fio's lat percentiles).
 # Paths alternate (the order rotates every repeat); medians of R of each
 # cell's p50 and mean; ratios uring/posix and accelfs/ext4. Needs root.
 if [[ ${FIG:-} == 5 ]]; then
@@ -99,6 +107,9 @@ if [[ ${FIG:-} == 5 ]]; then
     # offset first would pay for every path after it.
     sync "$WORK/raw.img"
     "$PY" -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$WORK/raw.img"
+    # Allocated (as raw.img is written): an O_DIRECT write into a hole is
+    # handed to an io-wq worker thread (docs/direct.md).
+    fallocate -l $((span_bytes * 2)) "$WORK/accel.img"
     "$IOLIFT" accelfs mkfs --size $((span_bytes * 2)) "$WORK/accel.img" >/dev/null
     truncate -s $((span_bytes * 2)) "$WORK/ext4.img"
     mkfs.ext4 -q -F "$WORK/ext4.img"
@@ -121,9 +132,34 @@ if [[ ${FIG:-} == 5 ]]; then
     }
     echo "== $R repeats x $COUNT requests per cell, span $SPAN, sizes $SIZES, sqspin $SPIN_US us, $PROFILE build, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
     dev=$(findmnt -no SOURCE -T "$WORK" | sed 's|^/dev/||; s|[0-9]*$||; s|p$||')
+    IOPOLL=0
     if [[ -r /sys/block/$dev/queue/io_poll ]]; then
-        echo "== $WORK is on $dev: queue/io_poll $(cat /sys/block/$dev/queue/io_poll) (0: no IOPOLL possible)"
+        IOPOLL=$(cat "/sys/block/$dev/queue/io_poll")
+        echo "== $WORK is on $dev: queue/io_poll $IOPOLL (0: no IOPOLL possible)"
     fi
+    FLOOR=(psync uring uring-reg uring-sqpoll)
+    [[ $IOPOLL == 1 ]] && FLOOR+=(uring-hipri)
+    command -v fio >/dev/null || { echo "missing fio: run scripts/test.sh, which installs it" >&2; exit 1; }
+    floor() { # engine rw: one fio run, one line as lat() prints
+        local e=() rw=$2
+        case $1 in
+        psync) e=(--ioengine=psync) ;;
+        uring) e=(--ioengine=io_uring) ;;
+        uring-reg) e=(--ioengine=io_uring --fixedbufs=1 --registerfiles=1) ;;
+        uring-sqpoll) e=(--ioengine=io_uring --fixedbufs=1 --registerfiles=1 --sqthread_poll=1) ;;
+        uring-hipri) e=(--ioengine=io_uring --fixedbufs=1 --registerfiles=1 --hipri=1) ;;
+        esac
+        fio --name=floor --filename="$WORK/raw.img" --direct=1 --rw="rand$rw" --bs=4k --iodepth=1 \
+            --number_ios="${FLOOR_IOS:-2000}" --size="$SPAN" --norandommap --randrepeat=0 \
+            --lat_percentiles=1 "${e[@]}" --output-format=json | "$PY" -c '
+import json, sys
+t = sys.stdin.read(); j = json.loads(t[t.index("{"):])["jobs"][0]
+d = j["read"] if j["read"]["io_bytes"] else j["write"]
+ios = max(d["total_ios"], 1)
+cpu = (j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] * 1000 / ios
+lat = d["lat_ns"]
+print("p50_us %.1f mean_us %.1f cpu_us %.2f" % (lat["percentile"]["50.000000"] / 1000, lat["mean"] / 1000, cpu))'
+    }
     for rep in $(seq 1 "$R"); do
         for bs in $SIZES; do
             for op in read write write-sync; do
@@ -131,6 +167,13 @@ if [[ ${FIG:-} == 5 ]]; then
                     p=${PATHS[$(((i + rep) % 7))]}
                     echo "$p $op $bs $(lat "$p" "$op" "$bs")" >>"$WORK/lat.txt"
                 done
+            done
+        done
+        nf=${#FLOOR[@]}
+        for rw in read write; do
+            for i in $(seq 0 $((nf - 1))); do
+                e=${FLOOR[$(((i + rep) % nf))]}
+                echo "fio-$e $rw 4K $(floor "$e" "$rw")" >>"$WORK/lat.txt"
             done
         done
         echo "   repeat $rep done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
@@ -149,7 +192,7 @@ print("p50 / mean latency in us, medians over repeats")
 print(f"{'op':<11} {'size':>5} {'uring':>15} {'posix':>15} {'uring/posix':>12} {'accelfs':>15} {'ext4':>15} {'accelfs/ext4':>13}")
 seen = []
 for (p, op, bs) in cells:
-    if (op, bs) not in seen:
+    if (op, bs) not in seen and not p.startswith("fio-"):
         seen.append((op, bs))
 for op, bs in seen:
     v = {p: (med(p, op, bs, 0), med(p, op, bs, 1)) for p in ["uring", "posix", "accelfs", "ext4"]}
@@ -184,6 +227,24 @@ for p, what in [("uring", "engine"), ("dtask", "engine with DEFER_TASKRUN"),
         c = med(p, op, "4K", 2) / med("posix", op, "4K", 2)
         print(f"target: {what} QD1 4K {op} p50 <= 0.8x pread/pwrite (O_DIRECT, same file): "
               f"{r:.2f}x (CPU per request {c:.2f}x) {'met' if r <= 0.8 else 'NOT MET'}")
+fio = sorted({p for (p, _, _) in cells if p.startswith("fio-")})
+if fio:
+    print()
+    print("the floor: fio on the same file, 4K QD1 O_DIRECT; p50 / mean latency in us (submission to completion), ratio of p50 to fio's psync, CPU per request")
+    print(f"{'fio engine':<18} {'read':>13} {'/psync':>7} {'cpu':>7} {'write':>13} {'/psync':>7} {'cpu':>7}")
+    for p in fio:
+        row = f"{p[4:]:<18}"
+        for op in ["read", "write"]:
+            row += (f" {med(p, op, '4K', 0):>6.1f}/{med(p, op, '4K', 1):<6.1f}"
+                    f" {med(p, op, '4K', 0) / med('fio-psync', op, '4K', 0):>6.2f}x"
+                    f" {med(p, op, '4K', 2):>7.2f}")
+        print(row)
+    for op in ["read", "write"]:
+        best = min((p for p in fio if p != "fio-psync"), key=lambda p: med(p, op, "4K", 0))
+        r = med(best, op, "4K", 0) / med("fio-psync", op, "4K", 0)
+        print(f"floor: the fastest io_uring submission fio has here ({best[4:]}) reaches {r:.2f}x of psync's 4K {op} p50"
+              f" ({med(best, op, '4K', 0):.1f} against {med('fio-psync', op, '4K', 0):.1f} us; our {'pread' if op == 'read' else 'pwrite'} path {med('posix', op, '4K', 0):.1f} us):"
+              f" <= 0.8x is {'within' if r <= 0.8 else 'beyond'} what this device gives any io_uring user")
 PY
     exit 0
 fi
