@@ -20,7 +20,8 @@
 //! most one chunk) and the rest is read from the socket straight into it.
 //! Such a `Bytes` is the only handle to its allocation, which lets a
 //! device keep it as it is instead of copying it (the memory backend
-//! adopts whole aligned pages of it), and it pins nothing beyond itself.
+//! adopts a write of exactly one aligned page), and it pins nothing beyond
+//! itself.
 //! The cost: the next request's header then needs a receive of its own.
 //!
 //! Used by the reader (`reader.rs`), which owns one per connection, seeded
