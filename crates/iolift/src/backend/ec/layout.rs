@@ -10,6 +10,11 @@
 //! data_base              chunks: stripe s at data_base + s * chunk
 //! ```
 //!
+//! `data_base` is rounded up to a multiple of [`DATA_ALIGN`] (64 KiB), so
+//! that a 64 KiB chunk is one whole page of a `memory:` child (which can
+//! then take the chunk's buffer as its page without a copy) and chunks
+//! start on the same boundary in files.
+//!
 //! Child c holds chunk c of every stripe (c < k: data, else parity).
 //! Stored crcs are `crc32c(block) ^ crc32c(zero block)`, so a table of
 //! zeros (a fresh, zeroed child) says "every block is zero".
@@ -22,7 +27,10 @@ pub const BLOCK: u64 = 4096;
 const SB_MAGIC: &[u8; 8] = b"IOLFTEC1";
 const J_MAGIC: &[u8; 8] = b"IOLFTJR1";
 const BM_MAGIC: &[u8; 8] = b"IOLFTBM1";
-const VERSION: u32 = 2;
+/// Version 3: `data_base` aligned to [`DATA_ALIGN`] (version 2 was not).
+const VERSION: u32 = 3;
+/// Where the chunks start on a child is a multiple of this.
+pub const DATA_ALIGN: u64 = 64 << 10;
 /// Regions one bitmap block can hold (its bits after the header).
 pub const BM_BITS: u64 = 32_000;
 /// The largest chunk: its block crcs must fit a journal header.
@@ -77,7 +85,7 @@ impl Geometry {
         self.meta_base() + (s * self.blocks_per_chunk() + blk) * 4
     }
     pub fn data_base(&self) -> u64 {
-        self.meta_base() + self.meta_len()
+        (self.meta_base() + self.meta_len()).next_multiple_of(DATA_ALIGN)
     }
     pub fn chunk_off(&self, s: u64) -> u64 {
         self.data_base() + s * self.chunk
@@ -427,6 +435,7 @@ mod tests {
         let g = Geometry { stripes: n, ..g };
         assert!(n > 900 && g.child_size() <= 64 << 20, "{n}");
         assert!(g.meta_off(n - 1, 15) + 4 <= g.data_base());
+        assert_eq!(g.data_base() % DATA_ALIGN, 0);
         assert!(g.slot_off(63) + g.slot_size() <= g.bitmap_off());
         assert!(g.bitmap_off() + BLOCK <= g.meta_base());
         assert_eq!(g.fit(4096), 0);
