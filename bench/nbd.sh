@@ -388,7 +388,7 @@ for job, key, want, ok in t:
     x, a = r(job, key), r(job, key, "alt_ratio")
     print("  %-22s %-14s ratio %-5s %-8s want %s  [alt %s]" % (
         job, key, "-" if x is None else "%.2f" % x,
-        "met" if x is not None and ok(x) else "NOT MET", want, "-" if a is None else "%.2f" % a))
+        "not run" if x is None else "met" if ok(x) else "NOT MET", want, "-" if a is None else "%.2f" % a))
 # The default (poll mode off) must not be worse than alt (by default
 # --poll-us auto): IOPS >= 0.95x alt's, QD1 p50 and p99
 # <= 1.05x (5% for the noise of alternating runs).
