@@ -138,7 +138,7 @@ impl Inner {
                 return Ok((parity, sums));
             }
         }
-        let mut parity: Vec<Vec<u8>> = (0..m).map(|j| self.parity_buf(k + j, len)).collect();
+        let mut parity: Vec<Vec<u8>> = (0..m).map(|_| self.pool.get(len)).collect();
         let mut sums: Vec<Vec<u32>> = parts
             .iter()
             .map(|_| Vec::with_capacity(len / BLOCK as usize))
@@ -149,38 +149,9 @@ impl Inner {
             encode_tiles(self, &srcs, &mut outs, parts, &mut sums, &mut [])?;
         }
         Ok((
-            parity
-                .into_iter()
-                .enumerate()
-                .map(|(j, p)| self.parity_bytes(k + j, p))
-                .collect(),
+            parity.into_iter().map(|p| self.pool.lend(p)).collect(),
             sums,
         ))
-    }
-
-    /// A buffer for `len` bytes of parity child `c`'s chunk, contents
-    /// unspecified (the encoder overwrites it whole): from the pool for
-    /// children that copy what they are given; a new one of exactly `len`
-    /// bytes for those that take a buffer of whole pages as their own
-    /// (`memory:`; [`parity_bytes`](Self::parity_bytes)).
-    pub fn parity_buf(&self, c: usize, len: usize) -> Vec<u8> {
-        if self.children[c].gather {
-            self.pool.get(len)
-        } else {
-            vec![0u8; len]
-        }
-    }
-
-    /// `buf` (from [`parity_buf`](Self::parity_buf)) as the `Bytes` child
-    /// `c` is written from: lent from the pool, or handed over whole for a
-    /// `memory:` child, which keeps it as its pages when it is the only
-    /// handle (the caller moves it to the write, keeping no clone).
-    pub fn parity_bytes(&self, c: usize, buf: Vec<u8>) -> Bytes {
-        if self.children[c].gather {
-            self.pool.lend(buf)
-        } else {
-            Bytes::from(buf)
-        }
     }
 }
 

@@ -176,18 +176,7 @@ impl Inner {
         let parts: Vec<usize> = (0..k + m).filter(|&c| self.writable(c)).collect();
         let bpc = chunk / BLOCK as usize;
         let mut sums: Vec<Vec<u32>> = parts.iter().map(|_| Vec::with_capacity(n * bpc)).collect();
-        // per parity child: one buffer of n chunks (a gathered write), or
-        // one of each chunk for children that take a chunk's buffer as
-        // their own (`memory:`: each must be a whole allocation)
-        let mut parity: Vec<Vec<Vec<u8>>> = (k..k + m)
-            .map(|c| {
-                if self.children[c].gather {
-                    vec![self.parity_buf(c, n * chunk)]
-                } else {
-                    (0..n).map(|_| self.parity_buf(c, chunk)).collect()
-                }
-            })
-            .collect();
+        let mut parity: Vec<Vec<u8>> = (0..m).map(|_| self.pool.get(n * chunk)).collect();
         // gathered data: emptied pool buffers, filled by the encode pass
         let mut copy: Vec<Option<Vec<u8>>> = (0..k)
             .map(|c| {
@@ -199,18 +188,11 @@ impl Inner {
             let srcs: Vec<&[u8]> = d.iter().map(|b| &b[..]).collect();
             let mut outs: Vec<&mut [u8]> = parity
                 .iter_mut()
-                .map(|p| match p.len() {
-                    1 => &mut p[0][i * chunk..(i + 1) * chunk],
-                    _ => &mut p[i][..],
-                })
+                .map(|p| &mut p[i * chunk..(i + 1) * chunk])
                 .collect();
             encode_tiles(self, &srcs, &mut outs, &parts, &mut sums, &mut copy)?;
         }
-        let mut parity: Vec<Vec<Bytes>> = parity
-            .into_iter()
-            .enumerate()
-            .map(|(j, p)| p.into_iter().map(|b| self.parity_bytes(k + j, b)).collect())
-            .collect();
+        let parity: Vec<Bytes> = parity.into_iter().map(|p| self.pool.lend(p)).collect();
         let mut copy: Vec<Option<Bytes>> = copy
             .into_iter()
             .map(|b| b.map(|b| self.pool.lend(b)))
@@ -223,7 +205,14 @@ impl Inner {
             .zip(&sums)
             .map(|(&c, sum)| {
                 let writes: Vec<Bytes> = if c >= k {
-                    std::mem::take(&mut parity[c - k])
+                    let p = &parity[c - k];
+                    if self.children[c].gather {
+                        vec![p.clone()]
+                    } else {
+                        (0..n)
+                            .map(|i| p.slice(i * chunk..(i + 1) * chunk))
+                            .collect()
+                    }
                 } else {
                     match copy[c].take() {
                         Some(b) => vec![b],

@@ -258,26 +258,13 @@ impl Inner {
                 parity[c - k].clone()
             }
         };
-        let journal = self.use_journal();
-        if journal {
+        if self.use_journal() {
             self.journal_write(s, slot, lo, hi, &parts, &sums, &cols)
                 .await?;
-        }
-        // the in-place writes take the parity buffers themselves (no
-        // clone left here), so that a `memory:` child can keep them
-        let mut parity: Vec<Option<Bytes>> = parity.into_iter().map(Some).collect();
-        let mut take = |c: usize| -> Bytes {
-            if c < k {
-                data[c].clone()
-            } else {
-                parity[c - k].take().unwrap_or_default()
-            }
-        };
-        if journal {
-            self.in_place(s, lo, &parts, &sums, &mut take, false).await;
+            self.in_place(s, lo, &parts, &sums, &cols, false).await;
         } else {
             self.intent_begin(s).await;
-            self.in_place(s, lo, &parts, &sums, &mut take, true).await;
+            self.in_place(s, lo, &parts, &sums, &cols, true).await;
             self.intent_end(s);
         }
         self.metrics.stripe_writes.fetch_add(1, Ordering::Relaxed);
@@ -342,7 +329,7 @@ impl Inner {
         lo: u64,
         parts: &[usize],
         sums: &[Vec<u32>],
-        cols: &mut (dyn FnMut(usize) -> Bytes + Send),
+        cols: &(dyn Fn(usize) -> Bytes + Sync),
         defer: bool,
     ) {
         let futs: Vec<Fut<'_, ()>> = parts
