@@ -12,10 +12,12 @@
 //!   the engine (mkfs, fsck, files and directories, soft and hard sync);
 //! - [`stream`]: the streaming application (a FASTA-like file read in
 //!   chunks, records and lines counted);
-//! - [`lat`]: request latency in a tight loop (engine, POSIX, AccelFS).
+//! - [`lat`]: request latency in a tight loop (engine, POSIX, AccelFS);
+//! - [`blockhash`]: the block-number hasher of the block caches.
 //!
 //! See docs/direct.md.
 
+pub mod blockhash;
 pub mod buf;
 pub mod engine;
 pub mod fs;

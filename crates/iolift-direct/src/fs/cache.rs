@@ -8,35 +8,13 @@
 //! counter, so that the file system can hold all of them to a total
 //! budget as well (see `Fs::set_cache_budget`).
 
+use crate::blockhash::BlockHash;
 use crate::buf::AlignedBuf;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Hashes a file block number with one multiplication (Fibonacci
-/// hashing): the keys are small integers chosen by the file's layout, not
-/// by an adversary, and every read and write of a block looks one up, so
-/// the default SipHash's cost is not worth paying.
-#[derive(Default, Clone, Copy)]
-pub struct BlockHasher(u64);
-
-impl std::hash::Hasher for BlockHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type BlockMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<BlockHasher>>;
+type BlockMap<V> = HashMap<u64, V, BlockHash>;
 
 struct Slot {
     data: AlignedBuf,

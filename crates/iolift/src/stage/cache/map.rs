@@ -14,38 +14,9 @@
 //!   the block changed since;
 //! - only clean blocks outside busy ranges are evicted.
 
+use iolift_direct::blockhash::BlockHash;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
-
-/// Hasher for block numbers: one multiply (Fibonacci hashing). The keys are
-/// block numbers chosen by clients, but hashbrown's probing copes with
-/// clustered values and a cache lookup is on every request's path, where
-/// SipHash showed in profiles.
-#[derive(Default, Clone, Copy)]
-pub(super) struct BlockHash;
-
-impl std::hash::BuildHasher for BlockHash {
-    type Hasher = BlockHasher;
-    fn build_hasher(&self) -> BlockHasher {
-        BlockHasher(0)
-    }
-}
-
-pub(super) struct BlockHasher(u64);
-
-impl std::hash::Hasher for BlockHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
 
 /// One cached block.
 pub(super) struct Entry {
