@@ -41,7 +41,11 @@
 # and QD1 p99 <= 1.0x. Last, with alt, the default against alt (the
 # default must not be worse than polling; a NOT MET line there says
 # polling would have paid in that run): IOPS >= 0.95x alt's, QD1 p50/p99
-# <= 1.05x.
+# <= 1.05x. Last, per job and server, the kernel's scheduler counters of
+# every server and fio thread over the middle of the job (sched_snap), per
+# I/O: CPU time, time runnable but kept waiting for a CPU, sleeps,
+# preemptions, fio's CPU and wait, and the cores server and fio used
+# together (near the machine's core count: CPU-bound).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -111,6 +115,27 @@ if [[ -n $ONLY ]]; then
     (( ${#JOBS[@]} )) || { echo "ONLY=$ONLY matches no job" >&2; exit 1; }
 fi
 
+# sched_snap SERVER_PID FIO_PID: one line per thread of the server and of
+# fio (its main process and its job processes), in one awk so that taking
+# it costs the measured job one fork:
+#   ROLE TID WALL_NS RUN_NS RUNQ_WAIT_NS VOLUNTARY INVOLUNTARY
+# from /proc/PID/task/TID/schedstat (time on a CPU, time runnable but
+# waiting for one) and .../status (context switches).
+sched_snap() {
+    local files=() p t
+    for p in "$1" "$2" $(pgrep -P "$2" 2>/dev/null); do
+        for t in /proc/"$p"/task/*; do files+=("$t/schedstat" "$t/status"); done
+    done
+    awk -v srv="$1" -v now="$(date +%s%N)" '
+        FNR == 1 { split(FILENAME, f, "/"); key = f[3] " " f[5] }
+        FILENAME ~ /schedstat$/ { run[key] = $1; wait[key] = $2 }
+        /^voluntary_ctxt_switches/ { vol[key] = $2 }
+        /^nonvoluntary_ctxt_switches/ { inv[key] = $2 }
+        END { for (k in run) { split(k, a, " ");
+              print (a[1] == srv ? "server" : "fio"), a[2], now, run[k], wait[k], vol[k] + 0, inv[k] + 0 } }
+    ' "${files[@]}" 2>/dev/null || true
+}
+
 run_one() { # server rep
     local srv=$1 rep=$2 sock=$WORK/$1.sock
     start_server "$srv" "$sock"
@@ -124,7 +149,18 @@ run_one() { # server rep
         c0=$(cpu_ticks "$SERVER_PID")
         fio --name="$1" --ioengine=nbd --uri="$uri" --rw="$2" --bs="$3" --iodepth="$4" \
             --numjobs="${5:-1}" --group_reporting --size="$SIZE" --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 \
-            --output-format=json >"$WORK/${srv}_${rep}_$1.json"
+            --output-format=json >"$WORK/${srv}_${rep}_$1.json" &
+        local fio_pid=$!
+        # scheduler counters of every server and fio thread over the middle
+        # of the job (threads that exist at both snapshots; see sched_snap):
+        # from 0.3 s after fio forked its job processes (its start-up before
+        # that varies with the load) to 0.5 s before their end
+        for _ in $(seq 100); do pgrep -P "$fio_pid" >/dev/null && break; sleep 0.05; done
+        sleep 0.3
+        sched_snap "$SERVER_PID" "$fio_pid" >"$WORK/${srv}_${rep}_$1.sched0"
+        sleep "$(awk -v r="$RUNTIME" 'BEGIN { print (r > 1.6 ? r - 0.8 : 0.5) }')"
+        sched_snap "$SERVER_PID" "$fio_pid" >"$WORK/${srv}_${rep}_$1.sched1"
+        wait "$fio_pid"
         c1=$(cpu_ticks "$SERVER_PID")
         echo $((c1 - c0)) >"$WORK/${srv}_${rep}_$1.cpu"
         echo "   $srv rep $rep $1 done" >&2
@@ -389,6 +425,56 @@ for job, key, want, ok in t:
     print("  %-22s %-14s ratio %-5s %-8s want %s  [alt %s]" % (
         job, key, "-" if x is None else "%.2f" % x,
         "not run" if x is None else "met" if ok(x) else "NOT MET", want, "-" if a is None else "%.2f" % a))
+# Scheduler counters (sched_snap): what each server and its fio did with
+# the CPU over the middle of each job, per I/O: time on a CPU, time
+# runnable but waiting for one (behind the other threads of the machine,
+# e.g. BUSY=1's stress-ng), voluntary switches (sleeps) and involuntary
+# ones (preemptions); "cores" is server + fio time on a CPU per second of
+# wall time (at most the machine's cores: near it, the pair is CPU-bound
+# and IOPS is set by their CPU per I/O).
+def snap(f):
+    out = {}
+    for line in open(f):
+        role, tid, now, run, wait, vol, inv = line.split()
+        out[(role, tid)] = (int(now), int(run), int(wait), int(vol), int(inv))
+    return out
+cells = {}
+for f0 in glob.glob(os.path.join(d, "*.sched0")):
+    base = f0[:-len(".sched0")]
+    srv, rep, job = os.path.basename(base).split("_", 2)
+    try:
+        a, b = snap(f0), snap(base + ".sched1")
+        text = open(base + ".json").read()
+        jb = json.loads(text[text.index("{"):])["jobs"][0]
+    except (OSError, ValueError):
+        continue
+    iops = jb["read"]["iops"] + jb["write"]["iops"]
+    common = [k for k in a if k in b]
+    if not common or not iops:
+        continue
+    wall = (max(b[k][0] for k in common) - min(a[k][0] for k in common)) / 1e9
+    ios = iops * wall
+    tot = {}
+    for k in common:
+        t = tot.setdefault(k[0], [0, 0, 0, 0])
+        for i in range(4):
+            t[i] += b[k][i + 1] - a[k][i + 1]
+    sv, fo = tot.get("server", [0] * 4), tot.get("fio", [0] * 4)
+    cells.setdefault((job, srv), []).append((
+        sv[0] / ios / 1e3, sv[1] / ios / 1e3, sv[2] / ios, sv[3] / ios,
+        fo[0] / ios / 1e3, fo[1] / ios / 1e3, (sv[0] + fo[0]) / wall / 1e9))
+if cells:
+    order = ["randread_4k_qd1", "randwrite_4k_qd1", "randread_4k_qd32", "randwrite_4k_qd32",
+             "randread_4k_qd32x2", "randwrite_4k_qd32x2", "seqread_128k_qd8", "seqwrite_128k_qd8"]
+    print("\nscheduler counters over the middle of each job (per I/O, medians; %d cores):" % os.cpu_count())
+    print("  %-20s %-7s %8s %8s %7s %7s %8s %8s %6s" % (
+        "job", "server", "CPU us", "runq us", "sleeps", "preempt", "fio CPU", "fio runq", "cores"))
+    for job in sorted({j for j, _ in cells}, key=lambda j: order.index(j) if j in order else 99):
+        for srv in ("iolift", "nbdkit", "alt"):
+            v = cells.get((job, srv))
+            if v:
+                m = [statistics.median(c) for c in zip(*v)]
+                print("  %-20s %-7s %8.2f %8.2f %7.2f %7.2f %8.2f %8.2f %6.2f" % (job, srv, *m))
 # The default (poll mode off) must not be worse than alt (by default
 # --poll-us auto): IOPS >= 0.95x alt's, QD1 p50 and p99
 # <= 1.05x (5% for the noise of alternating runs).
