@@ -707,84 +707,65 @@ CR_FN s32 cr_input(const s32 *xs, s32 x0, u64 i, const CrInputs *in) {
     return (s32)v;
 }
 
-// Throughput kernel: one thread per input.
-CR_FN void cr_map_thread(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
-                                           s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
-                                           u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
-                                           u32 *lens) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    CrInputs in = {pgp_num, pgp_mask, pool_id, flags & 1u, (flags >> 1) & 1u};
+// What every grid entry point takes: the flat map, the straw2 ln table,
+// the device reweights (wmax of them), the rule, the inputs (xs[i], or
+// x0 + i when xs is null; flags bit 1: pool mode, bit 0: hashpspool), and
+// where the results go (rows of result_max items, one length per input).
+#define CR_MAP_PARAMS                                                                                         \
+    const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno, const s32 *xs, s32 x0, u32 n, \
+        u32 result_max, u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out, u32 *lens
+// The same, passed on.
+#define CR_MAP_ARGS map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags, out, lens
+
+// Maps x as lane `lane` of `nlanes` (1: a thread alone; more: the lanes
+// share each straw2 bucket's draws) and, on lane 0, stores the result as
+// input i's: its row and length, or CR_LEN_FALLBACK for the host to redo.
+CR_FN void cr_map_one(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno, u32 x, u32 lane,
+                      u32 nlanes, u64 i, u32 result_max, s32 *out, u32 *lens) {
     CrCtx c;
     c.m = map;
     c.lnt = lnt;
     c.w = weights;
     c.wmax = wmax;
-    c.x = (u32)cr_input(xs, x0, i, &in);
-    c.lane = 0;
-    c.nlanes = 1;
+    c.x = x;
+    c.lane = lane;
+    c.nlanes = nlanes;
     c.err = 0;
     s32 res[CR_MAX_RESULT];
     u32 len = cr_do_rule(&c, ruleno, res, result_max);
+    if (lane != 0) return;
     if (len == CR_LEN_FALLBACK || c.err) {
         lens[i] = CR_LEN_FALLBACK;
         return;
     }
     lens[i] = len;
     for (u32 k = 0; k < len; k++) out[i * result_max + k] = res[k];
+}
+
+// Throughput kernel: one thread per input.
+CR_FN void cr_map_thread(CR_MAP_PARAMS) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    CrInputs in = {pgp_num, pgp_mask, pool_id, flags & 1u, (flags >> 1) & 1u};
+    cr_map_one(map, lnt, weights, wmax, ruleno, (u32)cr_input(xs, x0, i, &in), 0, 1, i, result_max, out, lens);
 }
 
 // Throughput kernel: one thread per input. The _lb6/_lb8 variants ask for
 // 6 / 8 resident blocks of 128 threads per SM (fewer registers, more warps
 // in flight); the CUDA device picks one with IOLIFT_THREAD_KERNEL.
-CR_EXTERN __global__ void crush_map_thread(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
-                                           s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
-                                           u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
-                                           u32 *lens) {
-    cr_map_thread(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags, out, lens);
-}
-
-CR_EXTERN __global__ void CR_BOUNDS(128, 6) crush_map_thread_lb6(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
-                                           s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
-                                           u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
-                                           u32 *lens) {
-    cr_map_thread(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags, out, lens);
-}
-
-CR_EXTERN __global__ void CR_BOUNDS(128, 8) crush_map_thread_lb8(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax,
-                                           s32 ruleno, const s32 *xs, s32 x0, u32 n, u32 result_max,
-                                           u32 pgp_num, u32 pgp_mask, u32 pool_id, u32 flags, s32 *out,
-                                           u32 *lens) {
-    cr_map_thread(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags, out, lens);
-}
+CR_EXTERN __global__ void crush_map_thread(CR_MAP_PARAMS) { cr_map_thread(CR_MAP_ARGS); }
+CR_EXTERN __global__ void CR_BOUNDS(128, 6) crush_map_thread_lb6(CR_MAP_PARAMS) { cr_map_thread(CR_MAP_ARGS); }
+CR_EXTERN __global__ void CR_BOUNDS(128, 8) crush_map_thread_lb8(CR_MAP_PARAMS) { cr_map_thread(CR_MAP_ARGS); }
 
 // Latency kernel: one warp (32 lanes) per input; the draws of each straw2
 // bucket are spread over the lanes and reduced with shuffles. Lane 0 writes.
-CR_EXTERN __global__ void crush_map_warp(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno,
-                                         const s32 *xs, s32 x0, u32 n, u32 result_max, u32 pgp_num, u32 pgp_mask,
-                                         u32 pool_id, u32 flags, s32 *out, u32 *lens) {
+CR_EXTERN __global__ void crush_map_warp(CR_MAP_PARAMS) {
     u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     u64 i = t >> 5;
     if (i >= n) return; // whole warps exit together (n is per warp)
     CrInputs in = {pgp_num, pgp_mask, pool_id, flags & 1u, (flags >> 1) & 1u};
-    CrCtx c;
-    c.m = map;
-    c.lnt = lnt;
-    c.w = weights;
-    c.wmax = wmax;
-    c.x = (u32)cr_input(xs, x0, i, &in);
-    c.lane = (u32)(t & 31);
-    c.nlanes = 32;
-    c.err = 0;
-    s32 res[CR_MAX_RESULT];
-    u32 len = cr_do_rule(&c, ruleno, res, result_max);
-    if (c.lane != 0) return;
-    if (len == CR_LEN_FALLBACK || c.err) {
-        lens[i] = CR_LEN_FALLBACK;
-        return;
-    }
-    lens[i] = len;
-    for (u32 k = 0; k < len; k++) out[i * result_max + k] = res[k];
+    cr_map_one(map, lnt, weights, wmax, ruleno, (u32)cr_input(xs, x0, i, &in), (u32)(t & 31), 32, i, result_max,
+               out, lens);
 }
 
 #if !CR_GPU
@@ -792,17 +773,14 @@ CR_EXTERN __global__ void crush_map_warp(const u32 *map, const s64 *lnt, const u
 
 // Run the throughput kernel over n inputs exactly as a grid of blocks of
 // 128 threads would, block by block, on the calling thread.
-CR_EXTERN void crush_host_thread(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno,
-                                 const s32 *xs, s32 x0, u32 n, u32 result_max, u32 pgp_num, u32 pgp_mask,
-                                 u32 pool_id, u32 flags, s32 *out, u32 *lens) {
+CR_EXTERN void crush_host_thread(CR_MAP_PARAMS) {
     blockDim.x = 128;
     gridDim.x = (n + 127) / 128;
     for (u32 b = 0; b < gridDim.x; b++) {
         blockIdx.x = b;
         for (u32 t = 0; t < 128; t++) {
             threadIdx.x = t;
-            crush_map_thread(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id,
-                             flags, out, lens);
+            crush_map_thread(CR_MAP_ARGS);
         }
     }
 }
@@ -810,17 +788,14 @@ CR_EXTERN void crush_host_thread(const u32 *map, const s64 *lnt, const u32 *weig
 // Run the latency kernel's entry point as its grid would (32 threads per
 // input, blocks of 128): on the host each lane emulates the whole warp's
 // straw2 split and reduction itself, and lane 0 writes, as on the GPU.
-CR_EXTERN void crush_host_warp_grid(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno,
-                                    const s32 *xs, s32 x0, u32 n, u32 result_max, u32 pgp_num, u32 pgp_mask,
-                                    u32 pool_id, u32 flags, s32 *out, u32 *lens) {
+CR_EXTERN void crush_host_warp_grid(CR_MAP_PARAMS) {
     blockDim.x = 128;
     gridDim.x = (u32)(((u64)n * 32 + 127) / 128);
     for (u32 b = 0; b < gridDim.x; b++) {
         blockIdx.x = b;
         for (u32 t = 0; t < 128; t++) {
             threadIdx.x = t;
-            crush_map_warp(map, lnt, weights, wmax, ruleno, xs, x0, n, result_max, pgp_num, pgp_mask, pool_id, flags,
-                           out, lens);
+            crush_map_warp(CR_MAP_ARGS);
         }
     }
 }
@@ -829,24 +804,7 @@ CR_EXTERN void crush_host_warp_grid(const u32 *map, const s64 *lnt, const u32 *w
 // draws are split over `lanes` lanes and combined by the butterfly order.
 CR_EXTERN void crush_host_warp(const u32 *map, const s64 *lnt, const u32 *weights, u32 wmax, s32 ruleno,
                                const s32 *xs, u32 n, u32 result_max, u32 lanes, s32 *out, u32 *lens) {
-    for (u32 i = 0; i < n; i++) {
-        CrCtx c;
-        c.m = map;
-        c.lnt = lnt;
-        c.w = weights;
-        c.wmax = wmax;
-        c.x = (u32)xs[i];
-        c.lane = 0;
-        c.nlanes = lanes;
-        c.err = 0;
-        s32 res[CR_MAX_RESULT];
-        u32 len = cr_do_rule(&c, ruleno, res, result_max);
-        if (len == CR_LEN_FALLBACK || c.err) {
-            lens[i] = CR_LEN_FALLBACK;
-            continue;
-        }
-        lens[i] = len;
-        for (u32 k = 0; k < len; k++) out[(u64)i * result_max + k] = res[k];
-    }
+    for (u32 i = 0; i < n; i++)
+        cr_map_one(map, lnt, weights, wmax, ruleno, (u32)xs[i], 0, lanes, i, result_max, out, lens);
 }
 #endif
