@@ -4,7 +4,7 @@
 //! for large ones, inputs the kernel hands back recomputed on the host.
 
 use super::flat::LEN_FALLBACK;
-use super::{fix_fallbacks, kernel_fits, pool_kernel_params, Inputs, MapHandle, Mapping};
+use super::{fix_fallbacks, kernel_fits, pool_kernel_params, Batch, Inputs, MapHandle, Mapping};
 use super::{KERNEL_THREAD, KERNEL_WARP, SOURCE};
 use crate::cuda::mem::{ensure, ensure_pinned, par_copy, Pinned};
 use crate::cuda::{cuda_err, CudaDevice};
@@ -144,17 +144,14 @@ impl CrushCuda {
         Ok(dev)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn map(
-        &self,
-        gpu: &CudaDevice,
-        pe: usize,
-        h: &MapHandle,
-        rule: i32,
-        inputs: Inputs,
-        result_max: usize,
-        weights: &[u32],
-    ) -> Result<Mapping> {
+    fn map(&self, gpu: &CudaDevice, pe: usize, b: &Batch) -> Result<Mapping> {
+        let Batch {
+            h,
+            rule,
+            inputs,
+            result_max,
+            weights,
+        } = *b;
         let n = inputs.len();
         if n == 0 {
             return Ok(Mapping::zeroed(0, result_max));
@@ -162,7 +159,7 @@ impl CrushCuda {
         if !kernel_fits(result_max) || n > u32::MAX as usize / 32 {
             let mut m = Mapping::zeroed(n, result_max);
             m.lens.fill(LEN_FALLBACK);
-            fix_fallbacks(h, rule, inputs, weights, &mut m);
+            fix_fallbacks(b, &mut m);
             return Ok(m);
         }
         let si = pe % gpu.streams();
@@ -289,21 +286,13 @@ impl CrushCuda {
         if result_max == 0 {
             m.out.clear();
         }
-        fix_fallbacks(h, rule, inputs, weights, &mut m);
+        fix_fallbacks(b, &mut m);
         Ok(m)
     }
 }
 
 /// Map a batch on processing element `pe` of `gpu` (one launch).
-pub(super) fn map(
-    gpu: &CudaDevice,
-    pe: usize,
-    h: &MapHandle,
-    rule: i32,
-    inputs: Inputs,
-    result_max: usize,
-    weights: &[u32],
-) -> Result<Mapping> {
+pub(super) fn map(gpu: &CudaDevice, pe: usize, b: &Batch) -> Result<Mapping> {
     let state = gpu.state(CrushCuda::new)?;
-    state.map(gpu, pe, h, rule, inputs, result_max, weights)
+    state.map(gpu, pe, b)
 }

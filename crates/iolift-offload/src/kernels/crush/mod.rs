@@ -125,6 +125,24 @@ impl Inputs<'_> {
     }
 }
 
+/// One mapping call: `inputs` through `rule` of `h`, up to `result_max`
+/// OSDs each, with device reweights `weights`.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    h: &'a MapHandle,
+    rule: i32,
+    inputs: Inputs<'a>,
+    result_max: usize,
+    weights: &'a [u32],
+}
+
+impl Batch<'_> {
+    /// Input `i` mapped by the CPU mapper into `row`; returns its length.
+    fn map_cpu(&self, i: usize, ws: &mut Workspace, row: &mut [i32]) -> u32 {
+        map_one_cpu(self.h, self.rule, self.inputs.get(i), self.weights, ws, row)
+    }
+}
+
 /// The I/O pool's CRUSH kernel: each task maps one x through `rule` of
 /// `map` (`result_max` OSDs, device reweights `weights`).
 pub struct CrushKernel {
@@ -150,6 +168,16 @@ impl CrushKernel {
             weights,
         })
     }
+
+    fn batch<'a>(&'a self, xs: &'a [i32]) -> Batch<'a> {
+        Batch {
+            h: &self.map,
+            rule: self.rule,
+            inputs: Inputs::Xs(xs),
+            result_max: self.result_max,
+            weights: &self.weights,
+        }
+    }
 }
 
 impl Kernel for CrushKernel {
@@ -158,25 +186,11 @@ impl Kernel for CrushKernel {
     type Item = Vec<i32>;
 
     fn run_cpu(&self, _cpu: &CpuDevice, xs: &[i32]) -> Result<Mapping> {
-        Ok(map_inline(
-            &self.map,
-            self.rule,
-            Inputs::Xs(xs),
-            self.result_max,
-            &self.weights,
-        ))
+        Ok(map_inline(&self.batch(xs)))
     }
 
     fn run_cuda(&self, gpu: &CudaDevice, pe: usize, xs: &[i32]) -> Result<Mapping> {
-        cuda::map(
-            gpu,
-            pe,
-            &self.map,
-            self.rule,
-            Inputs::Xs(xs),
-            self.result_max,
-            &self.weights,
-        )
+        cuda::map(gpu, pe, &self.batch(xs))
     }
 
     fn item(&self, m: &Mapping, i: usize) -> Vec<i32> {
@@ -209,34 +223,28 @@ pub fn map_one_cpu(
 }
 
 /// Map on the calling thread (one processing element).
-fn map_inline(
-    h: &MapHandle,
-    rule: i32,
-    inputs: Inputs,
-    result_max: usize,
-    weights: &[u32],
-) -> Mapping {
-    let n = inputs.len();
-    let mut m = Mapping::zeroed(n, result_max);
-    if result_max > 0 {
-        let mut ws = Workspace::new(&h.map, result_max);
+fn map_inline(b: &Batch) -> Mapping {
+    let (n, rm) = (b.inputs.len(), b.result_max);
+    let mut m = Mapping::zeroed(n, rm);
+    if rm > 0 {
+        let mut ws = Workspace::new(&b.h.map, rm);
         for i in 0..n {
-            let row = &mut m.out[i * result_max..(i + 1) * result_max];
-            m.lens[i] = map_one_cpu(h, rule, inputs.get(i), weights, &mut ws, row);
+            let row = &mut m.out[i * rm..(i + 1) * rm];
+            m.lens[i] = b.map_cpu(i, &mut ws, row);
         }
     }
     m
 }
 
 /// Map on all workers of the CPU device.
-fn map_parallel(
-    cpu: &CpuDevice,
-    h: &MapHandle,
-    rule: i32,
-    inputs: Inputs,
-    result_max: usize,
-    weights: &[u32],
-) -> Mapping {
+fn map_parallel(cpu: &CpuDevice, b: &Batch) -> Mapping {
+    let Batch {
+        h,
+        rule,
+        inputs,
+        result_max,
+        weights,
+    } = *b;
     let n = inputs.len();
     let xs: Vec<i32>;
     let xs_ref = match inputs {
@@ -268,40 +276,21 @@ fn map_parallel(
 /// A direct mapping call: on one processing element (`pe`) or on the
 /// whole device (`None`: all CPU workers, or the GPU from stream 0).
 struct MapJob<'a> {
-    h: &'a MapHandle,
-    rule: i32,
-    inputs: Inputs<'a>,
-    result_max: usize,
-    weights: &'a [u32],
+    batch: Batch<'a>,
     pe: Option<usize>,
     out: Option<Result<Mapping>>,
 }
 
 impl Launch for MapJob<'_> {
     fn on_cpu(&mut self, cpu: &CpuDevice) {
-        let (h, r, i, rm, w) = (
-            self.h,
-            self.rule,
-            self.inputs,
-            self.result_max,
-            self.weights,
-        );
         self.out = Some(Ok(match self.pe {
-            Some(_) => map_inline(h, r, i, rm, w),
-            None => map_parallel(cpu, h, r, i, rm, w),
+            Some(_) => map_inline(&self.batch),
+            None => map_parallel(cpu, &self.batch),
         }));
     }
     fn on_cuda(&mut self, gpu: &CudaDevice) {
         let pe = self.pe.unwrap_or(0);
-        self.out = Some(cuda::map(
-            gpu,
-            pe,
-            self.h,
-            self.rule,
-            self.inputs,
-            self.result_max,
-            self.weights,
-        ));
+        self.out = Some(cuda::map(gpu, pe, &self.batch));
     }
 }
 
@@ -318,11 +307,13 @@ fn run_map(
 ) -> Result<Mapping> {
     check_args(h, rule, result_max)?;
     let mut job = MapJob {
-        h,
-        rule,
-        inputs,
-        result_max,
-        weights,
+        batch: Batch {
+            h,
+            rule,
+            inputs,
+            result_max,
+            weights,
+        },
         pe,
         out: None,
     };
@@ -398,14 +389,14 @@ fn pool_kernel_params(p: &Pool) -> (u32, u32, u32, u32) {
 }
 
 /// Recompute on the host the inputs a kernel handed back.
-fn fix_fallbacks(h: &MapHandle, rule: i32, inputs: Inputs, weights: &[u32], m: &mut Mapping) {
+fn fix_fallbacks(b: &Batch, m: &mut Mapping) {
     let rm = m.result_max;
     let mut ws: Option<Workspace> = None;
     for i in 0..m.lens.len() {
         if m.lens[i] == LEN_FALLBACK {
-            let ws = ws.get_or_insert_with(|| Workspace::new(&h.map, rm));
+            let ws = ws.get_or_insert_with(|| Workspace::new(&b.h.map, rm));
             let row = &mut m.out[i * rm..(i + 1) * rm];
-            m.lens[i] = map_one_cpu(h, rule, inputs.get(i), weights, ws, row);
+            m.lens[i] = b.map_cpu(i, ws, row);
             m.fallbacks += 1;
         }
     }
