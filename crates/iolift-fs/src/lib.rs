@@ -22,6 +22,7 @@ pub mod kv;
 pub mod mirror;
 pub mod model;
 pub mod nfs;
+pub mod node_ids;
 pub mod null;
 pub mod stats;
 pub mod virtio;

@@ -16,11 +16,10 @@
 //! root's own), which get ids from a private range above 2^63.
 
 use crate::model::{Errno, FsResult, ROOT};
+use crate::node_ids::NodeIds;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
-
-const PRIVATE: u64 = 1 << 63;
 
 /// One host inode the kernel holds references to.
 #[derive(Debug)]
@@ -41,7 +40,7 @@ struct Slot {
 struct Table {
     by_id: HashMap<u64, Slot>,
     by_key: HashMap<(u64, u64), u64>,
-    next_private: u64,
+    ids: NodeIds,
 }
 
 /// The table, bounded by `max` nodes (lookups beyond fail with ENFILE).
@@ -73,7 +72,7 @@ impl Nodes {
             t: Mutex::new(Table {
                 by_id,
                 by_key,
-                next_private: PRIVATE,
+                ids: NodeIds::default(),
             }),
             max: max.max(1),
             root_key,
@@ -120,7 +119,8 @@ impl Nodes {
     /// Counts one lookup of the inode `key` whose O_PATH fd is `fd`
     /// (dropped if the inode already has a node). Returns the node.
     pub fn insert(&self, key: (u64, u64), fd: OwnedFd, kind: u32) -> FsResult<Arc<Node>> {
-        let mut t = self.lock();
+        let mut g = self.lock();
+        let t = &mut *g;
         if let Some(&id) = t.by_key.get(&key) {
             let slot = t.by_id.get_mut(&id).expect("by_key and by_id agree");
             slot.refs += 1;
@@ -129,22 +129,9 @@ impl Nodes {
         if t.by_id.len() >= self.max {
             return Err(Errno::ENFILE);
         }
-        let want = key.1;
-        let id = if key.0 == self.root_key.0
-            && want > ROOT
-            && want < PRIVATE
-            && !t.by_id.contains_key(&want)
-        {
-            want
-        } else {
-            loop {
-                let id = t.next_private;
-                t.next_private = if id == u64::MAX { PRIVATE } else { id + 1 };
-                if !t.by_id.contains_key(&id) {
-                    break id;
-                }
-            }
-        };
+        // Only inodes of the mirrored directory's device keep their number.
+        let own = (key.0 == self.root_key.0).then_some(key.1);
+        let id = t.ids.pick(own, |id| t.by_id.contains_key(&id));
         let node = Arc::new(Node { id, fd, kind });
         t.by_id.insert(
             id,

@@ -19,12 +19,12 @@
 //! collide, which get ids from a private range above 2^63.
 
 use crate::model::{Errno, FsResult, ROOT};
+use crate::node_ids::{own_id_ok, NodeIds, PRIVATE};
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Mutex, MutexGuard};
 
-const PRIVATE: u64 = 1 << 63;
 /// Names (hard links) remembered per node.
 pub const MAX_NAMES: usize = 4;
 
@@ -43,7 +43,7 @@ struct Table {
     by_fileid: HashMap<u64, u64>,
     /// (parent id, name) -> node id, for every name of every node.
     by_name: HashMap<(u64, OsString), u64>,
-    next_private: u64,
+    ids: NodeIds,
 }
 
 /// The table, bounded by `max` nodes (lookups beyond fail with ENFILE).
@@ -72,7 +72,7 @@ impl Nodes {
                 by_id,
                 by_fileid,
                 by_name: HashMap::new(),
-                next_private: PRIVATE,
+                ids: NodeIds::default(),
             }),
             max: max.max(2),
         }
@@ -142,7 +142,7 @@ impl Nodes {
         let t = self.lock();
         match t.by_fileid.get(&fileid) {
             Some(&id) => id,
-            None if fileid > ROOT && fileid < PRIVATE && !t.by_id.contains_key(&fileid) => fileid,
+            None if own_id_ok(fileid, |id| t.by_id.contains_key(&id)) => fileid,
             None => PRIVATE - 1,
         }
     }
@@ -171,17 +171,8 @@ impl Nodes {
         if t.by_id.len() >= self.max {
             return Err(Errno::ENFILE);
         }
-        let id = if fileid > ROOT && fileid < PRIVATE && !t.by_id.contains_key(&fileid) {
-            fileid
-        } else {
-            loop {
-                let id = t.next_private;
-                t.next_private = if id == u64::MAX { PRIVATE } else { id + 1 };
-                if !t.by_id.contains_key(&id) {
-                    break id;
-                }
-            }
-        };
+        let t = &mut *t;
+        let id = t.ids.pick(Some(fileid), |id| t.by_id.contains_key(&id));
         t.by_id.insert(
             id,
             Node {
@@ -193,7 +184,7 @@ impl Nodes {
             },
         );
         t.by_fileid.insert(fileid, id);
-        add_name(&mut t, id, parent, name);
+        add_name(t, id, parent, name);
         Ok(id)
     }
 
