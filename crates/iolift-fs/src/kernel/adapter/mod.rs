@@ -1,38 +1,33 @@
 //! The bridge from fuser's `Filesystem` (one call per request read from
 //! /dev/fuse, on the worker thread that read it) to a [`FileSystem`]: each
 //! request's fuser reply is wrapped in a [`Done`] that converts the result,
-//! counts it in [`OpStats`] and sends it, on whichever thread completes it.
+//! counts it in [`OpStats`] and sends it, on whichever thread completes it
+//! (those wrappers and the passthrough registrations: `reply.rs`).
 
 use super::convert::{attr, ctx, errno, kind, time};
 use super::KernelOptions;
 use crate::fs::FileSystem;
-use crate::model::{self, Attr, Done, Entry, Opened, SetAttr, Xattr};
+use crate::model::{self, Attr, Entry, Opened, SetAttr};
 use crate::stats::{op, OpStats};
 use fuser::{
-    AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    AccessFlags, CopyFileRangeFlags, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
+
+mod reply;
+use reply::Backing;
 
 /// Entries asked of the backend per readdir (names only: the kernel's
 /// buffer of up to 128 KiB holds about 4000).
 const READDIR_BATCH: usize = 4096;
 /// Entries asked per readdirplus (each is looked up; see `readdirplus`).
 const READDIRPLUS_BATCH: usize = 56;
-
-/// Passthrough registrations: one backing id per node while it has open
-/// files (the kernel requires the same id for every open of an inode).
-#[derive(Default)]
-struct Backing {
-    by_node: HashMap<u64, (Arc<BackingId>, u64)>,
-    by_fh: HashMap<u64, u64>,
-}
 
 pub struct Adapter {
     fs: Arc<dyn FileSystem>,
@@ -53,110 +48,9 @@ impl Adapter {
 }
 
 impl Adapter {
-    /// A `Done` that records `name`'s latency and then runs `f`.
-    fn done<T: 'static>(
-        &self,
-        name: &str,
-        f: impl FnOnce(model::FsResult<T>) + Send + 'static,
-    ) -> Done<T> {
-        let (stats, i, t) = (self.stats.clone(), op(name), Instant::now());
-        Done::new(move |r: model::FsResult<T>| {
-            stats.record(i, t, r.is_ok());
-            f(r)
-        })
-    }
-
-    fn entry_done(&self, name: &str, reply: ReplyEntry) -> Done<Entry> {
-        self.done(name, move |r: model::FsResult<Entry>| match r {
-            Ok(e) => reply.entry(&e.ttl, &attr(&e.attr), Generation(e.generation)),
-            Err(e) => reply.error(errno(e)),
-        })
-    }
-
-    fn empty_done(&self, name: &str, reply: ReplyEmpty) -> Done<()> {
-        self.done(name, move |r: model::FsResult<()>| match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        })
-    }
-
-    fn attr_done(&self, name: &str, reply: ReplyAttr, ttl: std::time::Duration) -> Done<Attr> {
-        self.done(name, move |r: model::FsResult<Attr>| match r {
-            Ok(a) => reply.attr(&ttl, &attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        })
-    }
-
-    /// For write and copy_file_range: the byte count as fuser's `written`.
-    fn written_done(&self, name: &str, reply: ReplyWrite) -> Done<u32> {
-        self.done(name, move |r: model::FsResult<u32>| match r {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
-        })
-    }
-
-    fn xattr_done(&self, name: &str, reply: ReplyXattr) -> Done<Xattr> {
-        self.done(name, move |r: model::FsResult<Xattr>| match r {
-            Ok(Xattr::Size(n)) => reply.size(n),
-            Ok(Xattr::Data(d)) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        })
-    }
-
-    /// The open flags and, with passthrough, the backing id to answer with.
-    fn open_reply(
-        &self,
-        ino: u64,
-        o: &Opened,
-        register: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<BackingId>,
-    ) -> (FopenFlags, Option<Arc<BackingId>>) {
-        let mut flags = FopenFlags::empty();
-        if o.direct_io {
-            flags |= FopenFlags::FOPEN_DIRECT_IO;
-        }
-        if o.keep_cache {
-            flags |= FopenFlags::FOPEN_KEEP_CACHE;
-        }
-        let Some(fd) = o.passthrough.as_ref().filter(|_| self.opts.passthrough) else {
-            return (flags, None);
-        };
-        let mut b = self.backing.lock().unwrap_or_else(|e| e.into_inner());
-        let id = match b.by_node.get_mut(&ino) {
-            Some((id, n)) => {
-                *n += 1;
-                id.clone()
-            }
-            None => match register(fd) {
-                Ok(id) => {
-                    let id = Arc::new(id);
-                    b.by_node.insert(ino, (id.clone(), 1));
-                    id
-                }
-                Err(e) => {
-                    tracing::warn!("FUSE passthrough: cannot register node {ino}: {e}; serving it");
-                    return (flags, None);
-                }
-            },
-        };
-        b.by_fh.insert(o.fh, ino);
-        (flags, Some(id))
-    }
-
     /// The kernel keeps directory listings (see `KernelOptions::dir_cache`).
     fn dir_cache(&self) -> bool {
         self.opts.dir_cache && self.fs.cacheable_listings()
-    }
-
-    fn drop_backing(&self, fh: u64) {
-        let mut b = self.backing.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(ino) = b.by_fh.remove(&fh) {
-            if let Some((_, n)) = b.by_node.get_mut(&ino) {
-                *n -= 1;
-                if *n == 0 {
-                    b.by_node.remove(&ino);
-                }
-            }
-        }
     }
 }
 
@@ -682,17 +576,5 @@ impl fuser::Filesystem for Adapter {
             flags,
             d,
         )
-    }
-}
-
-impl Adapter {
-    /// What a completion needs of the adapter (passthrough registrations).
-    fn clone_for_reply(&self) -> Adapter {
-        Adapter {
-            fs: self.fs.clone(),
-            stats: self.stats.clone(),
-            opts: self.opts.clone(),
-            backing: self.backing.clone(),
-        }
     }
 }
