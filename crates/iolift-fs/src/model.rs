@@ -258,6 +258,16 @@ pub fn check_name(name: &std::ffi::OsStr) -> FsResult<()> {
     Ok(())
 }
 
+/// `s` seconds and `ns` nanoseconds after the epoch (`ns` past a whole
+/// second is taken as 999999999), or the epoch itself where the sum is
+/// more than a `SystemTime` holds: a time from a request or a server
+/// never panics.
+pub fn epoch_time(s: u64, ns: u32) -> SystemTime {
+    std::time::UNIX_EPOCH
+        .checked_add(Duration::new(s, ns.min(999_999_999)))
+        .unwrap_or(std::time::UNIX_EPOCH)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +285,15 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a\0b"] {
             assert_eq!(check_name(OsStr::new(bad)), Err(Errno::EINVAL), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn epoch_times_out_of_range_are_the_epoch() {
+        let e = std::time::UNIX_EPOCH;
+        assert_eq!(epoch_time(5, 7), e + Duration::new(5, 7));
+        assert_eq!(epoch_time(5, u32::MAX), e + Duration::new(5, 999_999_999));
+        assert_eq!(epoch_time(u64::MAX, 0), e);
+        assert_eq!(epoch_time(i64::MAX as u64 + 1, 0), e);
     }
 
     #[test]

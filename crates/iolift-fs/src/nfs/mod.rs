@@ -208,8 +208,8 @@ impl NfsFs {
     }
 
     fn attr_of(&self, id: u64, st: &Stat64) -> Attr {
-        let t =
-            |s: u64, ns: u64| SystemTime::UNIX_EPOCH + Duration::new(s, ns.min(999_999_999) as u32);
+        // The server's times, as far as a SystemTime holds them.
+        let t = |s: u64, ns: u64| epoch_time(s, ns.min(999_999_999) as u32);
         Attr {
             ino: id,
             size: st.size,

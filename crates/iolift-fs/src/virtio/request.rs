@@ -431,7 +431,7 @@ fn setattr(r: &mut In) -> Option<SetAttr> {
         if has(now) {
             Some(TimeSet::Now)
         } else if has(set) {
-            Some(TimeSet::At(wire::time(s, ns)))
+            Some(TimeSet::At(crate::model::epoch_time(s, ns)))
         } else {
             None
         }

@@ -257,13 +257,6 @@ fn ttl(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
-/// A time from a request's seconds and nanoseconds.
-pub fn time(s: u64, ns: u32) -> SystemTime {
-    UNIX_EPOCH
-        .checked_add(Duration::new(s, ns.min(999_999_999)))
-        .unwrap_or(UNIX_EPOCH)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
