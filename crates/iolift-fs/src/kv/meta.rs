@@ -28,22 +28,26 @@ fn put_time(out: &mut Vec<u8>, t: SystemTime) {
     let (s, n) = match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
         Err(e) => {
+            // Up to 2^63 s before the epoch: -2^63 is i64::MIN itself.
             let d = e.duration();
-            (-(d.as_secs() as i64), d.subsec_nanos())
+            ((d.as_secs() as i64).wrapping_neg(), d.subsec_nanos())
         }
     };
     out.extend_from_slice(&s.to_le_bytes());
     out.extend_from_slice(&n.to_le_bytes());
 }
 
-fn get_time(b: &[u8]) -> SystemTime {
+/// The time `put_time` wrote at `b[..12]`; an error names `what` when it
+/// is more than a `SystemTime` holds.
+fn get_time(b: &[u8], what: &str) -> Result<SystemTime, String> {
     let s = i64::from_le_bytes(b[..8].try_into().unwrap());
     let n = u32::from_le_bytes(b[8..12].try_into().unwrap()).min(999_999_999);
-    if s >= 0 {
-        UNIX_EPOCH + Duration::new(s as u64, n)
+    let t = if s >= 0 {
+        UNIX_EPOCH.checked_add(Duration::new(s as u64, n))
     } else {
-        UNIX_EPOCH - Duration::new(s.unsigned_abs(), n)
-    }
+        UNIX_EPOCH.checked_sub(Duration::new(s.unsigned_abs(), n))
+    };
+    t.ok_or_else(|| format!("{what} {s} s is out of range"))
 }
 
 impl Meta {
@@ -78,9 +82,9 @@ impl Meta {
             mode: u32_at(17),
             uid: u32_at(21),
             gid: u32_at(25),
-            atime: get_time(&b[29..41]),
-            mtime: get_time(&b[41..53]),
-            ctime: get_time(&b[53..65]),
+            atime: get_time(&b[29..41], "atime")?,
+            mtime: get_time(&b[41..53], "mtime")?,
+            ctime: get_time(&b[53..65], "ctime")?,
         };
         if m.mode & libc::S_IFMT != libc::S_IFREG {
             return Err(format!("mode {:o} is not a regular file", m.mode));
@@ -188,6 +192,60 @@ mod tests {
             ..m
         };
         assert!(Meta::decode(&dir.encode()).unwrap_err().contains("regular"));
+        let mut v = b.clone();
+        // 2^63 s before the epoch is the earliest time; a nanosecond more
+        // is out of range.
+        v[41..49].copy_from_slice(&i64::MIN.to_le_bytes());
+        v[49..53].copy_from_slice(&0u32.to_le_bytes());
+        let early = Meta::decode(&v).unwrap();
+        assert_eq!(Meta::decode(&early.encode()), Ok(early));
+        v[49..53].copy_from_slice(&1u32.to_le_bytes());
+        assert!(Meta::decode(&v).unwrap_err().contains("mtime"));
+    }
+
+    /// Every value of every byte of an index entry, and a few lengths
+    /// around the right one: decode answers (a value or an error naming
+    /// the bad part), never panics. Values that decode encode back to
+    /// the same meaning.
+    #[test]
+    fn every_single_byte_corruption_is_decoded_or_named() {
+        let m = Meta {
+            id: 1 << 40,
+            size: 12345,
+            mode: libc::S_IFREG | 0o600,
+            uid: 7,
+            gid: 8,
+            atime: UNIX_EPOCH + Duration::new(1_700_000_000, 5),
+            mtime: UNIX_EPOCH - Duration::new(3, 4),
+            ctime: UNIX_EPOCH,
+        };
+        let good = m.encode();
+        let (mut ok, mut bad) = (0, 0);
+        for at in 0..good.len() {
+            for byte in 0..=255u8 {
+                let mut v = good.clone();
+                v[at] = byte;
+                match Meta::decode(&v) {
+                    Ok(d) => {
+                        assert_eq!(Meta::decode(&d.encode()), Ok(d), "byte {at} = {byte}");
+                        ok += 1;
+                    }
+                    Err(e) => {
+                        assert!(!e.is_empty());
+                        bad += 1;
+                    }
+                }
+            }
+        }
+        // The version byte and the file type bits are checked; most other
+        // bytes are plain numbers.
+        assert!(bad >= 255 && ok > bad, "{ok} decoded, {bad} refused");
+        for len in [0, 1, META_LEN - 1, META_LEN + 1, 4 * META_LEN] {
+            let mut v = good.clone();
+            v.resize(len, 0xff);
+            let e = Meta::decode(&v).unwrap_err();
+            assert!(e.contains(&format!("{len} bytes")), "{e}");
+        }
     }
 
     #[test]
