@@ -136,25 +136,20 @@ pub fn calc_pool(
     let threads = crate::bulk::thread_count(threads);
     let st = state::PoolState::build(map, pool, ruleno, &shape, threads);
     let before = st.spread();
+    // Every PG id of the pool, in the order the upmap tables keep them.
     let pid = pool_id as u64;
+    let pool_pgs = PgId { pool: pid, seed: 0 }..=PgId {
+        pool: pid,
+        seed: u32::MAX,
+    };
     let items = map
         .pg_upmap_items
-        .range(
-            PgId { pool: pid, seed: 0 }..=PgId {
-                pool: pid,
-                seed: u32::MAX,
-            },
-        )
+        .range(pool_pgs.clone())
         .map(|(pg, v)| (pg.seed, v.clone()))
         .collect();
     let pinned = map
         .pg_upmap
-        .range(
-            PgId { pool: pid, seed: 0 }..=PgId {
-                pool: pid,
-                seed: u32::MAX,
-            },
-        )
+        .range(pool_pgs)
         .map(|(pg, _)| pg.seed)
         .collect();
     let mut search = calc::Search {
