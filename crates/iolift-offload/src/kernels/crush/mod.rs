@@ -238,34 +238,27 @@ fn map_inline(b: &Batch) -> Mapping {
 
 /// Map on all workers of the CPU device.
 fn map_parallel(cpu: &CpuDevice, b: &Batch) -> Mapping {
-    let Batch {
-        h,
-        rule,
-        inputs,
-        result_max,
-        weights,
-    } = *b;
-    let n = inputs.len();
+    let n = b.inputs.len();
     let xs: Vec<i32>;
-    let xs_ref = match inputs {
+    let xs_ref = match b.inputs {
         Inputs::Xs(x) => x,
         Inputs::Pool(_) => {
             xs = cpu.install(|| {
                 use rayon::prelude::*;
-                (0..n).into_par_iter().map(|i| inputs.get(i)).collect()
+                (0..n).into_par_iter().map(|i| b.inputs.get(i)).collect()
             });
             &xs
         }
     };
-    let mut m = Mapping::zeroed(n, result_max);
+    let mut m = Mapping::zeroed(n, b.result_max);
     cpu.install(|| {
         iolift_crush::map_batch(
-            &h.map,
-            rule,
+            &b.h.map,
+            b.rule,
             xs_ref,
-            result_max,
-            weights,
-            h.choose_args.as_ref(),
+            b.result_max,
+            b.weights,
+            b.h.choose_args.as_ref(),
             &mut m.out,
             &mut m.lens,
         )
