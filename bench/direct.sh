@@ -178,6 +178,23 @@ print("p50_us %.1f mean_us %.1f cpu_us %.2f" % (lat["percentile"]["50.000000"] /
         done
         echo "   repeat $rep done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     done
+    # Where a 4K request's completion runs (perf, once per path, COUNT
+    # requests): an O_DIRECT write submitted asynchronously (io_uring) to a
+    # file of a host file system completes on that file system's dio
+    # workqueue (a kernel worker is woken, then it wakes the submitter),
+    # while pwrite(2) and every read complete in the caller's wake-up:
+    # one wake-up more per io_uring write, whoever submits it (fio too).
+    HOPS=
+    if command -v perf >/dev/null && perf list 2>/dev/null | grep -q workqueue:workqueue_queue_work; then
+        for op in write read; do
+            for p in uring posix; do
+                n=$(perf stat -x, -a -e workqueue:workqueue_queue_work --filter 'workqueue ~ "dio/*"' -- \
+                    "$IOLIFT" accelfs lat --direct on --io "$p" --op "$op" --bs 4K --count "$COUNT" --span "$SPAN" "$WORK/raw.img" \
+                    2>&1 >/dev/null | awk -F, '/workqueue_queue_work/ {print $1}' || true)
+                HOPS+=" $p-$op $(awk -v n="${n:-0}" -v c="$COUNT" 'BEGIN {printf "%.2f", n / c}')"
+            done
+        done
+    fi
     echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)"
     "$PY" - "$WORK/lat.txt" <<'PY'
 import statistics, sys
@@ -246,6 +263,13 @@ if fio:
               f" ({med(best, op, '4K', 0):.1f} against {med('fio-psync', op, '4K', 0):.1f} us; our {'pread' if op == 'read' else 'pwrite'} path {med('posix', op, '4K', 0):.1f} us):"
               f" <= 0.8x is {'within' if r <= 0.8 else 'beyond'} what this device gives any io_uring user")
 PY
+    if [[ -n $HOPS ]]; then
+        echo
+        echo "kernel: dio workqueue items per 4K request (perf, one run each; 1.00 = every completion woke a kernel worker before the caller):$HOPS"
+    else
+        echo
+        echo "kernel: perf (or its workqueue tracepoints) missing: where completions run was not counted"
+    fi
     exit 0
 fi
 
