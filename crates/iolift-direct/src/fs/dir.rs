@@ -160,6 +160,7 @@ impl Fs {
         }
         let fb = slot / per;
         let at = (slot % per) as usize * DIRENT_SIZE;
+        let mut changed = slot >= slots;
         match self.bmap(&n, fb)? {
             Some(phys) => {
                 let mut b = self.dir_block(phys)?;
@@ -172,12 +173,18 @@ impl Fs {
                 b[at..at + DIRENT_SIZE].copy_from_slice(&d.encode());
                 self.put_dir_block(phys, b)?;
                 self.set_ptr(&mut n, fb, phys)?;
+                changed = true;
             }
         }
         if slot >= slots {
             n.size = (slot + 1) * DIRENT_SIZE as u64;
         }
-        self.put_inode(dir, &n)
+        // A free slot reused in a block the directory has: its inode is
+        // as on the disk, no write.
+        if changed {
+            self.put_inode(dir, &n)?;
+        }
+        Ok(())
     }
 
     /// Removes a file or an empty directory (rule 4).

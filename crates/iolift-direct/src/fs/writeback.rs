@@ -1,7 +1,9 @@
 //! Batched write-back: a file's dirty blocks reach the disk together, in
 //! the crash order of the module above. New blocks are allocated in one
-//! pass over the bitmap, each bitmap block written once (rule 1); the data
-//! blocks are written in one batch of requests and waited for (rule 2);
+//! pass over the bitmap; each bitmap block that marks them used is written
+//! once, in the same batch of requests as the data blocks, and that batch
+//! is waited for (or, for a cache making room, started: inflight.rs)
+//! before anything points to them (rules 1 and 2);
 //! then the pointers: the indirect blocks they change are updated in
 //! memory and each written once, the blocks a double-indirect block points
 //! to before it (rule 2); the inode follows at the sync (rule 5).
@@ -36,18 +38,22 @@ impl Fs {
                 None => new.push(fb),
             }
         }
-        let phys = self.alloc_blocks(new.len())?;
+        // The bitmap blocks marking them used go in the same batch as the
+        // data: the pointers to them are written only once the whole
+        // batch is on the disk (rule 1 holds), one wait fewer.
+        let (phys, bitmap) = self.alloc_blocks_unwritten(new.len())?;
         let mut ptrs = Vec::with_capacity(new.len());
         for (fb, p) in new.into_iter().zip(phys) {
             writes.push((p, fb));
             ptrs.push((fb, p));
         }
-        let runs = {
+        let mut runs = {
             let cache = &f.cache;
             let data = |fb: u64| &cache.peek(fb).expect("dirty block cached")[..];
             self.dev
                 .runs_of(writes.iter().map(|&(p, fb)| (p, data(fb))).collect())
         };
+        runs.extend(self.dev.runs(bitmap));
         for &(_, fb) in &writes {
             f.cache.mark_clean(fb);
         }
@@ -125,12 +131,13 @@ impl Fs {
         r
     }
 
-    /// Allocates `n` data blocks: marked used on disk (each bitmap block
-    /// written once) before they are returned (rule 1). Next fit, as
+    /// Allocates `n` data blocks in memory and returns them with copies of
+    /// the bitmap blocks that mark them used, for the caller to write
+    /// before anything points to them (rule 1). Next fit, as
     /// [`Fs::alloc_block`].
-    pub(super) fn alloc_blocks(&mut self, n: usize) -> io::Result<Vec<u64>> {
+    fn alloc_blocks_unwritten(&mut self, n: usize) -> io::Result<(Vec<u64>, Vec<BlockWrite>)> {
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let (start, end) = (self.sb.data_start as u64, self.sb.blocks);
         let from = self.alloc_next.clamp(start, end);
@@ -160,14 +167,8 @@ impl Fs {
             let a = AlignedBuf::copy_of(&self.bitmap[at..at + self.dev.bs]);
             writes.push((self.sb.bitmap_start as u64 + blk, a));
         }
-        if let Err(e) = self.dev.write_many(writes) {
-            for &b in &got {
-                self.bitmap[(b / 8) as usize] &= !(1 << (b % 8));
-            }
-            return Err(e);
-        }
         self.alloc_next = got.last().unwrap() + 1;
-        Ok(got)
+        Ok((got, writes))
     }
 
     /// Puts an indirect block into the cache, making room among the
@@ -181,6 +182,9 @@ impl Fs {
         c.insert(blk, data);
     }
 }
+
+/// A whole block to write: disk block, contents.
+type BlockWrite = (u64, AlignedBuf);
 
 /// The most bytes one write-back request carries: blocks that follow each
 /// other on the disk are copied into one buffer of up to this size and
