@@ -483,29 +483,19 @@ impl Server {
             s.read_exact(&mut b).is_ok() && &b == b"NBDMAGIC"
         }
         let t = Some(Duration::from_secs(2));
-        if let Some(p) = &self.socket {
-            match UnixStream::connect(p) {
-                Ok(s) => {
-                    s.set_read_timeout(t).ok();
-                    if !greet(s) {
-                        return false;
-                    }
-                }
-                Err(_) => return false,
-            }
-        }
-        if let Some(a) = self.tcp {
-            match TcpStream::connect_timeout(&a, Duration::from_secs(1)) {
-                Ok(s) => {
-                    s.set_read_timeout(t).ok();
-                    if !greet(s) {
-                        return false;
-                    }
-                }
-                Err(_) => return false,
-            }
-        }
-        true
+        // Each listener the server has must greet; the unix socket is
+        // tried first.
+        self.socket.as_ref().is_none_or(|p| {
+            UnixStream::connect(p).is_ok_and(|s| {
+                s.set_read_timeout(t).ok();
+                greet(s)
+            })
+        }) && self.tcp.is_none_or(|a| {
+            TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok_and(|s| {
+                s.set_read_timeout(t).ok();
+                greet(s)
+            })
+        })
     }
 
     /// Sends a signal to the server.
