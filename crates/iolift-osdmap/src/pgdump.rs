@@ -155,4 +155,60 @@ mod tests {
         assert!(e.to_string().contains("bad pgid"), "{e}");
         assert!(read_pg_bytes(&b"{}"[..], 10).is_err());
     }
+
+    /// Hands out its bytes a few at a time (1 to 7 per read), as a pipe
+    /// or a slow file would.
+    struct Trickle<'a>(&'a [u8], usize);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.1 = self.1 % 7 + 1;
+            let n = self.1.min(buf.len()).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    /// Every cut and every single-byte change (to bytes that matter to the
+    /// scanner) of a dump: an answer, never a panic, the same however the
+    /// bytes arrive, and an error that says it is about the pg dump.
+    #[test]
+    fn cut_and_corrupted_dumps_are_answered_the_same_in_any_chunks() {
+        let j: &[u8] = br#"{"pg_map":{"pg_stats":[{"pgid":"1.1f","state":"a\"b","stat_sum":{"num_bytes":4096}},{"pgid":"2.0","stat_sum":{"num_bytes":18446744073709551615}}]}}"#;
+        let check = |b: &[u8]| {
+            let whole = read_pg_bytes(b, 10);
+            let trickled = read_pg_bytes(Trickle(b, 0), 10);
+            match (&whole, &trickled) {
+                (Ok(a), Ok(c)) => assert_eq!(a, c, "{}", String::from_utf8_lossy(b)),
+                (Err(a), Err(c)) => {
+                    assert_eq!(a.to_string(), c.to_string());
+                    assert!(a.to_string().contains("pg dump: "), "{a}");
+                }
+                _ => panic!(
+                    "{whole:?} vs {trickled:?} for {}",
+                    String::from_utf8_lossy(b)
+                ),
+            }
+            whole.is_ok()
+        };
+        assert!(check(j));
+        let cut_ok = (0..j.len()).filter(|&n| check(&j[..n])).count();
+        let mut changed_ok = 0;
+        for at in 0..j.len() {
+            for c in [b'"', b':', b'\\', b'9', b'.', b'x', b' ', b'{', 0xff] {
+                let mut v = j.to_vec();
+                v[at] = c;
+                changed_ok += check(&v) as usize;
+            }
+        }
+        // Cuts after the first entry's size still hold it; most changes
+        // leave a dump that reads.
+        assert!(
+            cut_ok > 0 && cut_ok < j.len(),
+            "{cut_ok} of {} cuts read",
+            j.len()
+        );
+        assert!(changed_ok > 0, "no changed dump read");
+    }
 }
