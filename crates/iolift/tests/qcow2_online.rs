@@ -11,7 +11,9 @@
 //! many requests hit while the control plane invalidates under them.
 //! And a third time at queue depth 1 with the default engine of `direct`
 //! (uring): there requests alone on their data path run on the reader's
-//! thread (hits on the path's inline ring), which the stats must show.
+//! thread (hits and misses with a blocking pread / pwrite there), which
+//! the stats must show; and a fourth time so with `spin_us`, where they
+//! go through the path's inline ring instead.
 
 mod common;
 use common::*;
@@ -64,8 +66,30 @@ fn fio_verify_at_depth_1_on_the_inline_ring_while_mappings_change() {
         "cache=4096,paths=4,direct",
         ["1024", "4096"],
         // misses alone on their path: translated on the reader's thread,
-        // then read or written on the inline ring like hits
-        &[("uring_inline_hits", 1000), ("uring_inline_misses", 50)],
+        // then read or written there like hits, with a blocking pread /
+        // pwrite (spin_us=0, the default) while the mapping is pinned
+        &[
+            ("uring_inline_hits", 1000),
+            ("uring_inline_misses", 50),
+            ("uring_inline_sync", 1000),
+        ],
+        1000,
+        ("256K", "40", "1"),
+    );
+}
+
+#[test]
+fn fio_verify_at_depth_1_on_the_spinning_inline_ring_while_mappings_change() {
+    online(
+        "cache=4096,paths=4,direct,spin_us=20",
+        ["1024", "4096"],
+        // with spin_us the lone hits and misses go through the inline
+        // ring (counted in uring_ops) instead of pread / pwrite
+        &[
+            ("uring_inline_hits", 1000),
+            ("uring_inline_misses", 50),
+            ("uring_ops", 1000),
+        ],
         1000,
         ("256K", "40", "1"),
     );

@@ -186,8 +186,14 @@ pub fn run(cp: &ControlPlane, lat: &Latency, uring: Option<&Uring>, line: &str) 
                 let s = u.stats();
                 let _ = write!(
                     out,
-                    "uring_ops {}\nuring_enters {}\nuring_max_batch {}\nuring_inline_hits {}\nuring_inline_misses {}\nuring_inline_other {}\n",
-                    s.ops, s.enters, s.max_batch, s.inline_hits, s.inline_misses, s.inline_other
+                    "uring_ops {}\nuring_enters {}\nuring_max_batch {}\nuring_inline_hits {}\nuring_inline_misses {}\nuring_inline_other {}\nuring_inline_sync {}\n",
+                    s.ops,
+                    s.enters,
+                    s.max_batch,
+                    s.inline_hits,
+                    s.inline_misses,
+                    s.inline_other,
+                    s.inline_sync
                 );
             }
             out.push_str(&lat.text());

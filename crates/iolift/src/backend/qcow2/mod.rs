@@ -73,13 +73,13 @@ pub const OPTIONS: &[OptHelp] = &[
         name: "inline_us",
         kind: Kind::Count,
         default: "10",
-        help: "engine=uring: a request alone on its data path (nothing else in flight there, idle at least this many us) runs on the thread that read it (a hit: one io_uring_enter submits and waits); 0: never",
+        help: "engine=uring: a request alone on its data path (nothing else in flight there, idle at least this many us) runs on the thread that read it (a hit: a blocking pread/pwrite, or with spin_us the inline ring); 0: never",
     },
     OptHelp {
         name: "spin_us",
         kind: Kind::Count,
         default: "0",
-        help: "engine=uring: a request run on the thread that read it (inline_us) spins on its ring's completions up to this many us before sleeping in the kernel; 0: sleep at once",
+        help: "engine=uring: a hit run on the thread that read it (inline_us) goes through the path's inline ring and spins on its completion up to this many us before sleeping in the kernel; 0: a blocking pread/pwrite instead",
     },
     OptHelp {
         name: "bufs",
