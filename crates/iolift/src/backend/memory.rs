@@ -34,6 +34,9 @@ use std::sync::{Arc, Mutex};
 
 const PAGE_SHIFT: u32 = 16;
 const PAGE: u64 = 1 << PAGE_SHIFT;
+/// Bytes of one page: a write of exactly this many bytes at a multiple of
+/// it can be adopted (see the top).
+pub const PAGE_BYTES: u64 = PAGE;
 const SHARDS: usize = 64;
 
 /// What holes read as.
@@ -253,7 +256,8 @@ impl BlockDev for MemoryDev {
 #[cfg(target_arch = "x86_64")]
 const STREAM_MIN: usize = 256;
 
-/// Copies a write's payload into its page. The page is cold (a random
+/// Copies a write's payload into its page (also used by the `ec` backend
+/// to fill the page-sized chunks it hands to `memory:` children). The page is cold (a random
 /// offset in a large export), and a plain copy first reads every cache
 /// line it is about to overwrite; on x86_64 pieces of [`STREAM_MIN`]
 /// bytes or more are written with non-temporal 16-byte stores instead,
@@ -262,7 +266,7 @@ const STREAM_MIN: usize = 256;
 /// into random places of 256 MiB took about 1.45x less time this way on
 /// the development VM). The fence at the end orders those stores before
 /// the shard lock is released, so that any later reader sees them.
-fn copy_to_page(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn copy_to_page(dst: &mut [u8], src: &[u8]) {
     debug_assert_eq!(dst.len(), src.len());
     #[cfg(target_arch = "x86_64")]
     if dst.len() >= STREAM_MIN {

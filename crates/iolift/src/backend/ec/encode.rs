@@ -5,11 +5,13 @@
 //! data and the parity chunks taking part) are computed right after it is
 //! encoded, while the tile is in the first-level caches. Runs of whole
 //! stripes (run.rs) also copy each data tile into the child's gathered
-//! write buffer in the same pass. With `device=gpu`, whole chunks are
+//! write buffer (or, for `memory:` children, the chunk's new page) in
+//! the same pass. With `device=gpu`, whole chunks are
 //! encoded on the offload engine instead.
 
 use super::layout::{block_crc, crcs, BLOCK};
 use super::Inner;
+use crate::backend::memory::copy_to_page;
 use crate::block::Errno;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -75,15 +77,16 @@ fn zero_block_crc() -> u32 {
 /// One pass over stripe column ranges: encodes `data` (k ranges of the same
 /// length) into `parity` (m ranges), a tile at a time; after each tile
 /// appends the block crcs of the chunks `parts` to `sums` (in `parts`'
-/// order) and, for data chunk c with `copy[c]` set, appends the tile to
-/// that buffer.
+/// order) and, for data chunk c with `copy[c]` set (a buffer as long as
+/// the range), copies the tile there (with streaming stores: the buffer
+/// is cold, the tile is in cache).
 pub fn encode_tiles(
     inner: &Inner,
     data: &[&[u8]],
     parity: &mut [&mut [u8]],
     parts: &[usize],
     sums: &mut [Vec<u32>],
-    copy: &mut [Option<Vec<u8>>],
+    copy: &mut [Option<&mut [u8]>],
 ) -> Result<(), Errno> {
     let k = inner.geo.k;
     let len = data.first().map_or(0, |d| d.len());
@@ -104,7 +107,7 @@ pub fn encode_tiles(
         }
         for (c, to) in copy.iter_mut().enumerate() {
             if let Some(to) = to {
-                to.extend_from_slice(srcs[c]);
+                copy_to_page(&mut to[x..x + t], srcs[c]);
             }
         }
         x += t;

@@ -339,6 +339,11 @@ pub struct Child {
     /// `memory:` children, whose requests cost little: one write per
     /// chunk from the requests' own buffers, no copy).
     pub gather: bool,
+    /// A `memory:` child and chunks of exactly one of its pages: whole
+    /// chunks of runs are written as buffers of their own, which it keeps
+    /// as its pages (no copy in the child), and its old pages are taken
+    /// back into the parity pool (run.rs).
+    pub adopt: bool,
 }
 
 /// The shared state of one `ec` device.

@@ -6,6 +6,7 @@
 use super::layout::{Found, Geometry, Super};
 use super::wb::Wb;
 use super::{bitmap, meta, metrics, Child, Config, Inner, FAILED, HEALTHY};
+use crate::backend::memory::PAGE_BYTES;
 use crate::block::{BlockDevExt, Errno, Flags, Request};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -50,11 +51,13 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
             }
         };
         let state = if dev.is_some() { HEALTHY } else { FAILED };
+        let memory = c.stages.is_empty() && c.backend.starts_with("memory:");
         children.push(Child {
             dev,
             state: AtomicU8::new(state),
             label: c.show(),
-            gather: !(c.stages.is_empty() && c.backend.starts_with("memory:")),
+            gather: !memory,
+            adopt: memory && cfg.geo.chunk == PAGE_BYTES,
         });
     }
     let codec = Arc::new(

@@ -110,6 +110,42 @@ impl Pool {
         }
     }
 
+    /// A buffer of exactly `len` bytes (capacity too) whose contents are
+    /// unspecified: for a chunk that a `memory:` child keeps as its page
+    /// (it adopts only a buffer that is exactly its allocation). One
+    /// reclaimed from a child's old page where one is kept, else a new
+    /// zeroed one.
+    pub fn page(&self, len: usize) -> Vec<u8> {
+        if len > 0 && self.budget > 0 {
+            let mut st = self.st();
+            if let Some(i) = st
+                .bufs
+                .iter()
+                .rposition(|b| b.capacity() == len && b.len() == len)
+            {
+                let b = st.bufs.swap_remove(i);
+                st.bytes -= len;
+                return b;
+            }
+        }
+        vec![0u8; len]
+    }
+
+    /// Keeps the allocation of `b` (a `memory:` child's old page, read
+    /// before it was replaced) if nothing else holds it any more and it
+    /// is exactly `len` bytes, within the budget; else drops it.
+    pub fn reclaim(&self, b: Bytes, len: usize) {
+        if b.len() != len || !b.is_unique() {
+            return;
+        }
+        if let Ok(m) = b.try_into_mut() {
+            let v: Vec<u8> = m.into();
+            if v.len() == len && v.capacity() == len {
+                self.put(v);
+            }
+        }
+    }
+
     /// `buf` as `Bytes`; the buffer comes back here when they are dropped.
     pub fn lend(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
         if self.budget == 0 {
@@ -132,6 +168,12 @@ impl Pool {
             st.bytes += cap;
             st.bufs.push(buf);
         }
+    }
+
+    /// The addresses of the free buffers held.
+    #[cfg(test)]
+    pub fn addrs(&self) -> Vec<usize> {
+        self.st().bufs.iter().map(|b| b.as_ptr() as usize).collect()
     }
 
     /// Bytes of free buffers held.

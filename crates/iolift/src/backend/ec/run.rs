@@ -146,7 +146,10 @@ impl Inner {
             while batch && j < stripes.len() && whole(&stripes[j], k, chunk) {
                 j += 1;
             }
-            if j - i >= 2 {
+            // one whole stripe alone is an update of its own (its data
+            // written from the requests' buffers, no gathering copy),
+            // unless children adopt pages: they take it as a run of one
+            if j - i >= 2 || (j - i == 1 && self.children.iter().any(|c| c.adopt)) {
                 futs.push(Box::pin(
                     self.update_whole(first + i as u64, &stripes[i..j]),
                 ));
@@ -165,7 +168,9 @@ impl Inner {
     /// One update of consecutive whole stripes from `first`, with the
     /// bitmap (the caller checked): encode, bits on disk, one write per
     /// child (or one per chunk for children that take no gathered
-    /// buffer), crcs in memory.
+    /// buffer), crcs in memory. Children that adopt (`Child::adopt`) get
+    /// each chunk as a page-sized buffer of its own, filled in the encode
+    /// pass, and their old pages come back into the pool.
     async fn update_whole(&self, first: u64, stripes: &[Vec<Piece>]) -> Result<(), Errno> {
         let (k, m, chunk) = (self.geo.k, self.geo.m, self.geo.chunk as usize);
         let n = stripes.len();
@@ -176,26 +181,56 @@ impl Inner {
         let parts: Vec<usize> = (0..k + m).filter(|&c| self.writable(c)).collect();
         let bpc = chunk / BLOCK as usize;
         let mut sums: Vec<Vec<u32>> = parts.iter().map(|_| Vec::with_capacity(n * bpc)).collect();
-        let mut parity: Vec<Vec<u8>> = (0..m).map(|_| self.pool.get(n * chunk)).collect();
-        // gathered data: emptied pool buffers, filled by the encode pass
-        let mut copy: Vec<Option<Vec<u8>>> = (0..k)
+        // the pages the adopting children hold now, taken back once replaced
+        let mut old: Vec<Bytes> = Vec::new();
+        for &c in parts.iter().filter(|&&c| self.children[c].adopt) {
+            for i in 0..n as u64 {
+                let at = self.geo.chunk_off(first + i);
+                old.push(self.child_read(c, at, chunk as u64).await?);
+            }
+        }
+        // each child's new bytes: pages of its own (adopting children),
+        // one buffer of the run (parity; data of gathering children), or
+        // none (data written from the requests' buffers)
+        let mut bufs: Vec<Buf> = (0..k + m)
             .map(|c| {
-                (self.children[c].gather && self.writable(c))
-                    .then(|| self.pool.get_empty(n * chunk))
+                if self.children[c].adopt && self.writable(c) {
+                    Buf::Pages((0..n).map(|_| self.pool.page(chunk)).collect())
+                } else if c >= k || (self.children[c].gather && self.writable(c)) {
+                    Buf::Run(self.pool.get(n * chunk))
+                } else {
+                    Buf::None
+                }
             })
             .collect();
         for (i, d) in data.iter().enumerate() {
             let srcs: Vec<&[u8]> = d.iter().map(|b| &b[..]).collect();
-            let mut outs: Vec<&mut [u8]> = parity
+            let (dbufs, pbufs) = bufs.split_at_mut(k);
+            let mut outs: Vec<&mut [u8]> = pbufs
                 .iter_mut()
-                .map(|p| &mut p[i * chunk..(i + 1) * chunk])
+                .map(|b| b.stripe(i, chunk).expect("parity has a buffer"))
                 .collect();
+            let mut copy: Vec<Option<&mut [u8]>> =
+                dbufs.iter_mut().map(|b| b.stripe(i, chunk)).collect();
             encode_tiles(self, &srcs, &mut outs, &parts, &mut sums, &mut copy)?;
         }
-        let parity: Vec<Bytes> = parity.into_iter().map(|p| self.pool.lend(p)).collect();
-        let mut copy: Vec<Option<Bytes>> = copy
+        let mut writes: Vec<Vec<Bytes>> = bufs
             .into_iter()
-            .map(|b| b.map(|b| self.pool.lend(b)))
+            .enumerate()
+            .map(|(c, b)| match b {
+                Buf::Pages(p) => p.into_iter().map(Bytes::from).collect(),
+                Buf::Run(v) => {
+                    let b = self.pool.lend(v);
+                    if self.children[c].gather {
+                        vec![b]
+                    } else {
+                        (0..n)
+                            .map(|i| b.slice(i * chunk..(i + 1) * chunk))
+                            .collect()
+                    }
+                }
+                Buf::None => data.iter().map(|d| d[c].clone()).collect(),
+            })
             .collect();
         for i in 0..n as u64 {
             self.intent_begin(first + i).await;
@@ -204,21 +239,7 @@ impl Inner {
             .iter()
             .zip(&sums)
             .map(|(&c, sum)| {
-                let writes: Vec<Bytes> = if c >= k {
-                    let p = &parity[c - k];
-                    if self.children[c].gather {
-                        vec![p.clone()]
-                    } else {
-                        (0..n)
-                            .map(|i| p.slice(i * chunk..(i + 1) * chunk))
-                            .collect()
-                    }
-                } else {
-                    match copy[c].take() {
-                        Some(b) => vec![b],
-                        None => data.iter().map(|d| d[c].clone()).collect(),
-                    }
-                };
+                let writes = std::mem::take(&mut writes[c]);
                 Box::pin(async move {
                     let off = self.geo.chunk_off(first);
                     let mut at = 0;
@@ -240,9 +261,33 @@ impl Inner {
         for i in 0..n as u64 {
             self.intent_end(first + i);
         }
+        for b in old {
+            self.pool.reclaim(b, chunk);
+        }
         self.metrics
             .stripe_writes
             .fetch_add(n as u64, Ordering::Relaxed);
         self.check_alive()
+    }
+}
+
+/// What one child of a run is written from.
+enum Buf {
+    /// A buffer per stripe, each exactly one chunk (adopting children).
+    Pages(Vec<Vec<u8>>),
+    /// One buffer of the run's n chunks.
+    Run(Vec<u8>),
+    /// The requests' own buffers (data chunks, no copy).
+    None,
+}
+
+impl Buf {
+    /// Stripe `i`'s chunk in this buffer, if it has one.
+    fn stripe(&mut self, i: usize, chunk: usize) -> Option<&mut [u8]> {
+        match self {
+            Buf::Pages(p) => Some(&mut p[i][..]),
+            Buf::Run(v) => Some(&mut v[i * chunk..(i + 1) * chunk]),
+            Buf::None => None,
+        }
     }
 }

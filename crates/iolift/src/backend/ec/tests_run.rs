@@ -88,3 +88,56 @@ async fn buffered_stripes_are_written_in_runs_and_read_back() {
     assert_eq!(&d.read(0, 2 << 20).await.unwrap()[..], &data[..]);
     d.close().await.unwrap();
 }
+
+/// Memory children at chunk=64K (one page): a run's chunks become the
+/// children's pages, and the pages they replace come back into the
+/// pool, except one a reader still holds (it keeps its old bytes).
+#[tokio::test]
+async fn memory_children_adopt_chunks_and_their_old_pages_are_reused() {
+    let mem = "memory:4M;memory:4M;memory:4M;memory:4M;memory:4M;memory:4M";
+    let (d, inner) = open_ec(&spec(mem, "chunk=64K,slots=8"));
+    assert!(inner.children.iter().all(|c| c.adopt));
+    let page = 64 << 10;
+    let run = 4 * 4 * page; // 4 stripes of 4 data chunks
+    let mut last = Vec::new();
+    let mut free = Vec::new();
+    for (i, seed) in [51u64, 52, 53].into_iter().enumerate() {
+        // a reader holding data chunk 0 of stripe 0 (on child 0)
+        let held = d.read(0, page as u32).await.unwrap();
+        let data = rnd(seed, run);
+        d.write(0, Bytes::copy_from_slice(&data), Flags::NONE)
+            .await
+            .unwrap();
+        assert_eq!(&d.read(0, run as u32).await.unwrap()[..], &data[..]);
+        if i == 0 {
+            // the first write replaced holes: nothing to take back
+            assert_eq!(inner.pool.held(), 0);
+        } else {
+            assert_eq!(&held[..], &last[..page], "the reader's bytes");
+            // 6 children x 4 stripes, less the page the reader held
+            assert_eq!(inner.pool.held(), (6 * 4 - 1) * page);
+        }
+        if i == 2 {
+            // the children's pages now are the pool's free buffers of
+            // the write before (23 of them; one was new): adopted, not
+            // copied
+            let mut reused = 0;
+            for c in &inner.children {
+                for s in 0..4 {
+                    let dev = c.dev.as_ref().unwrap();
+                    let b = dev.read(inner.geo.chunk_off(s), page as u32).await;
+                    reused += free.contains(&(b.unwrap().as_ptr() as usize)) as usize;
+                }
+            }
+            assert_eq!(reused, 6 * 4 - 1);
+        }
+        free = inner.pool.addrs();
+        last = data;
+    }
+    d.flush().await.unwrap();
+    let c = super::rebuild::check(&inner, &|_| {}).await;
+    assert_eq!((c.inconsistent, c.crc_errors), (0, 0), "{c}");
+    // chunk=32K: half pages, which the children copy
+    let (_d, inner) = open_ec(&spec(mem, "chunk=32K,slots=8"));
+    assert!(inner.children.iter().all(|c| !c.adopt));
+}
