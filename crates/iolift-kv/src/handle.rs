@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     pub locks: RefCell<HashSet<String>>,
     /// What a handle's `flush` (the engine's sync) does.
     sync: SyncMode,
+    /// Write-behind run of table files, in blocks (0: off).
+    pub write_behind: usize,
     /// Closed files whose caches are kept, by inode, and the order they
     /// were closed in (an inode may appear there after it left `kept`).
     kept: RefCell<HashMap<u32, Shared>>,
@@ -69,9 +71,15 @@ impl Inner {
         self.open.borrow().get(&ino).and_then(Weak::upgrade)
     }
 
-    pub fn new(fs: Fs, sync: SyncMode, image_lock: Option<std::fs::File>) -> Inner {
+    pub fn new(
+        fs: Fs,
+        sync: SyncMode,
+        write_behind: usize,
+        image_lock: Option<std::fs::File>,
+    ) -> Inner {
         Inner {
             sync,
+            write_behind,
             fs: RefCell::new(Some(fs)),
             open: RefCell::new(Default::default()),
             locks: RefCell::new(Default::default()),
@@ -184,6 +192,14 @@ impl Handle {
 
     pub fn truncate(&self) -> io::Result<()> {
         self.run(|fs, f| fs.truncate(f))
+    }
+
+    /// Write-behind in runs of `blocks` blocks from the file's end on.
+    pub fn set_write_behind(&self, blocks: usize) -> io::Result<()> {
+        self.run(|fs, f| {
+            fs.set_write_behind(f, blocks);
+            Ok(())
+        })
     }
 }
 

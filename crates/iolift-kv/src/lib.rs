@@ -17,5 +17,5 @@ mod handle;
 pub mod posix;
 mod sync;
 
-pub use env::{AccelEnv, EnvConfig, SyncMode, KV_CACHE_BLOCKS};
+pub use env::{AccelEnv, EnvConfig, SyncMode, KV_CACHE_BLOCKS, KV_WRITE_BEHIND};
 pub use posix::PosixSyncEnv;

@@ -42,6 +42,7 @@ fn accel_sync(image: &Path, fresh: bool, cache_blocks: usize, sync: SyncMode) ->
         cache_blocks,
         cache_budget: cache_blocks * 4,
         sync,
+        ..EnvConfig::default()
     };
     AccelEnv::new(Fs::mount(eng).unwrap(), &cfg, None)
 }

@@ -66,6 +66,11 @@ impl Cache {
         self.map.values().filter(|s| s.dirty).count()
     }
 
+    /// The block is cached and dirty.
+    pub fn is_dirty(&self, fb: u64) -> bool {
+        self.map.get(&fb).is_some_and(|s| s.dirty)
+    }
+
     pub fn contains(&self, fb: u64) -> bool {
         self.map.contains_key(&fb)
     }

@@ -26,6 +26,8 @@ impl Fs {
             inode_dirty: false,
             written_past: std::collections::HashSet::new(),
             ra_next: u64::MAX,
+            behind: 0,
+            behind_next: 0,
         })
     }
 
@@ -79,6 +81,9 @@ impl Fs {
         if end > f.inode.size {
             f.inode.size = end;
             f.inode_dirty = true;
+        }
+        if f.behind > 0 {
+            self.write_behind(f, end)?;
         }
         Ok(())
     }

@@ -31,6 +31,7 @@
 //! between hard syncs the order above holds for a killed process (the
 //! kernel keeps every completed write), not for a power loss.
 
+mod behind;
 mod blocks;
 pub mod cache;
 mod dir;
@@ -234,6 +235,11 @@ pub struct File {
     /// The file block after the last one a miss brought in: a miss there
     /// is sequential and reads ahead (file.rs).
     ra_next: u64,
+    /// Write-behind (behind.rs): runs of this many whole dirty blocks
+    /// behind the write point are started on the disk (0: off).
+    behind: usize,
+    /// The first file block write-behind has not looked at yet.
+    behind_next: u64,
 }
 
 impl File {

@@ -121,6 +121,7 @@ impl Fs {
         f.trusted = 0;
         f.written_past.clear();
         f.ra_next = u64::MAX;
+        f.behind_next = 0;
         Ok(())
     }
 }

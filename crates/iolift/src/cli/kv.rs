@@ -120,6 +120,11 @@ struct StoreArgs {
     /// of --env posix).
     #[arg(long = "accelfs_sync", value_enum, default_value = "hard")]
     accelfs_sync: SyncArg,
+    /// AccelFS write-behind for table files, in blocks: each run of this
+    /// many whole blocks is started on the disk while the engine still
+    /// writes the table (0: off; at most 1 MiB's worth is used).
+    #[arg(long = "accelfs_write_behind", default_value_t = iolift_kv::KV_WRITE_BEHIND)]
+    accelfs_write_behind: usize,
     /// Check the file system after the run (--env accelfs); errors fail.
     #[arg(long)]
     fsck: bool,
@@ -300,6 +305,7 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
                 SyncArg::Hard => SyncMode::Hard,
                 SyncArg::Soft => SyncMode::Soft,
             },
+            write_behind: a.accelfs_write_behind,
         },
         Some(lock),
     );
