@@ -182,16 +182,21 @@ print("p50_us %.1f mean_us %.1f cpu_us %.2f" % (lat["percentile"]["50.000000"] /
     # requests): an O_DIRECT write submitted asynchronously (io_uring) to a
     # file of a host file system completes on that file system's dio
     # workqueue (a kernel worker is woken, then it wakes the submitter),
-    # while pwrite(2) and every read complete in the caller's wake-up:
-    # one wake-up more per io_uring write, whoever submits it (fio too).
+    # while pwrite(2) and every read complete in the caller or in the
+    # interrupt: one wake-up more per io_uring write, whoever submits it
+    # (fio too). Counted: raw.img's direct-I/O completions (tracepoint
+    # iomap:iomap_dio_complete, filtered by its inode, so other processes'
+    # I/O is not counted) run by a kernel worker (kworker), as a share.
     HOPS=
-    if command -v perf >/dev/null && perf list 2>/dev/null | grep -q workqueue:workqueue_queue_work; then
+    if command -v perf >/dev/null && perf list 2>/dev/null | grep iomap:iomap_dio_complete >/dev/null; then
+        ino=$(stat -c %i "$WORK/raw.img")
         for op in write read; do
             for p in uring posix; do
-                n=$(perf stat -x, -a -e workqueue:workqueue_queue_work --filter 'workqueue ~ "dio/*"' -- \
+                share=$(perf record -q -a -e iomap:iomap_dio_complete --filter "ino == $ino" -o "$WORK/hops.data" -- \
                     "$IOLIFT" accelfs lat --direct on --io "$p" --op "$op" --bs 4K --count "$COUNT" --span "$SPAN" "$WORK/raw.img" \
-                    2>&1 >/dev/null | awk -F, '/workqueue_queue_work/ {print $1}' || true)
-                HOPS+=" $p-$op $(awk -v n="${n:-0}" -v c="$COUNT" 'BEGIN {printf "%.2f", n / c}')"
+                    >/dev/null 2>&1 && perf script -i "$WORK/hops.data" -F comm 2>/dev/null |
+                    awk '{t++; if ($1 ~ /^kworker/) k++} END {if (t) printf "%.2f (of %d)", k / t, t; else print "none"}' || true)
+                HOPS+=" $p-$op ${share:-failed}"
             done
         done
     fi
@@ -265,10 +270,10 @@ if fio:
 PY
     if [[ -n $HOPS ]]; then
         echo
-        echo "kernel: dio workqueue items per 4K request (perf, one run each; 1.00 = every completion woke a kernel worker before the caller):$HOPS"
+        echo "kernel: share of 4K direct-I/O completions on raw.img run by a kernel worker (perf, one run each; 1.00: each woke a worker before the caller):$HOPS"
     else
         echo
-        echo "kernel: perf (or its workqueue tracepoints) missing: where completions run was not counted"
+        echo "kernel: perf (or its iomap tracepoints) missing: where completions run was not counted"
     fi
     exit 0
 fi
