@@ -16,8 +16,14 @@
 #            the blocking pool, warmed the same way
 #   hitu     iolift's default with direct (engine=uring): hits through
 #            io_uring from the thread that read the request; a request
-#            alone on its data path submits and waits on that thread (one
-#            io_uring_enter), at depth the path's ring thread batches
+#            alone on its data path is read or written on that thread with
+#            a blocking pread / pwrite (as the raw export does), at depth
+#            the path's ring thread batches
+#   hitr     hitu with spin_us=1: a lone hit submits to the path's inline
+#            ring and waits there (one io_uring_enter; the spin is shorter
+#            than any read, so it never spins): the lone path before pread
+#   hitv     (MAIN_SERVERS="... hitv ...") hitu with serve --poll-us
+#            $POLL_US: pread for lone hits, the reader polls its socket
 #   hitq     (MAIN_SERVERS="... hitq ...") hitu with inline_us=0: every hit
 #            through the ring thread (the path before the inline ring)
 #   hitc     hitu with placement=conn: one data path per NBD connection
@@ -28,9 +34,9 @@
 #   hitp     hits with the NBD front-end's poll mode (serve --poll-us
 #            $POLL_US, default 100): at low queue depth the thread that
 #            answered a request retries its socket for the next one before
-#            sleeping, and spins on the ring for the disk's answer, so at
-#            QD 1 the server is never woken (a CPU busy meanwhile); both
-#            turn themselves off at depth
+#            sleeping, and spins on the inline ring for the disk's answer,
+#            so at QD 1 the server is never woken (a CPU busy meanwhile);
+#            both turn themselves off at depth
 #   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit;
 #            a request alone on the file runs on the thread that read it)
 #   qraw     (floor section) qemu-nbd --cache=none --aio=io_uring serving the
@@ -44,8 +50,8 @@
 #   spin     (SPIN=1) QD 1 reads: both qemu-nbds against hits (hitu and hitp
 #            are in main)
 #   floor    (FLOOR=1, off by default) QD 1 reads: qemuu, qraw, raw, dev,
-#            hitu and hitp: what the disk and the NBD hop leave to any
-#            server at QD 1
+#            hitu, hitr and hitp: what the disk and the NBD hop leave to
+#            any server at QD 1
 #   place    (PLACE=1) the data path per worker (hitu) against per
 #            connection (hitc), 4 connections at QD 8
 #   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
@@ -139,6 +145,8 @@ start_server() { # name socket image entries readonly(1/0)
         hitc) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,placement=conn" 2>"$WORK/$s.log" & ;;
         hits) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=$SPIN_US" 2>"$WORK/$s.log" & ;;
         hitp) "$IOLIFT" serve --poll-us "$POLL_US" --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=$SPIN_US" 2>"$WORK/$s.log" & ;;
+        hitr) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=1" 2>"$WORK/$s.log" & ;;
+        hitv) "$IOLIFT" serve --poll-us "$POLL_US" --socket "$sock" "$q,cache=$n,paths=4,engine=uring" 2>"$WORK/$s.log" & ;;
         raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
         qraw) qemu-nbd -f raw $qro $QCACHEU -k "$sock" --persistent --shared=8 "$RAW" 2>"$WORK/$s.log" & ;;
     esac
@@ -223,7 +231,7 @@ if [[ $SPIN == 1 ]]; then
     section spin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hits" qd1
 fi
 if [[ $FLOOR == 1 ]]; then
-    section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw dev hitu hitp" qd1
+    section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw dev hitu hitr hitp" qd1
 fi
 if [[ $PLACE == 1 ]]; then
     section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hitu hitc" qd8x4
@@ -318,8 +326,8 @@ for line in open(f"{work}/sections"):
         print(f"[{sec}] {s:<5} peak RSS median {statistics.median(rss) / 1024:.1f} MiB{hrs}")
     M = lambda s, j, k: med[sec, s, j][k]
     P = lambda j: peer[sec, j]
-    if sec in ("main", "small", "place", "spin"):
-        for h in ("hit", "hitw", "hitq", "hitu", "hitc", "hits", "hitp"):
+    if sec in ("main", "small", "place", "spin", "floor"):
+        for h in ("hit", "hitw", "hitq", "hitu", "hitr", "hitv", "hitc", "hits", "hitp"):
             if h not in servers or not qemus:
                 continue
             for j in jobs:
@@ -335,7 +343,7 @@ for line in open(f"{work}/sections"):
     if sec == "main":
         j1 = "qd1"
         if j1 in jobs and "raw" in servers:
-            for h in ("hit", "hitw", "hitq", "hitu", "hitp"):
+            for h in ("hit", "hitw", "hitq", "hitu", "hitr", "hitv", "hitp"):
                 if h not in servers:
                     continue
                 r = M(h, j1, "50") / M("raw", j1, "50")
