@@ -325,11 +325,13 @@ fn weights<const N: usize>(v: &[u32], start: usize) -> [u32; N] {
     l
 }
 
+/// 2^52: from here up, every f64 is a whole number (its ulp is 1).
+const TWO52: f64 = 4_503_599_627_370_496.0;
+
 /// `v` as f64, exactly, for `v < 2^52`: the bits of 2^52 + v, minus 2^52
 /// (plain bit operations that vectorise, unlike u64 -> f64 conversion).
 #[inline(always)]
 fn f64_of(v: u64) -> f64 {
-    const TWO52: f64 = 4_503_599_627_370_496.0;
     f64::from_bits(TWO52.to_bits() | v) - TWO52
 }
 
@@ -337,7 +339,6 @@ fn f64_of(v: u64) -> f64 {
 /// an integer by adding and subtracting 2^52, step down if that rounded up.
 #[inline(always)]
 fn floor_small(q: f64) -> f64 {
-    const TWO52: f64 = 4_503_599_627_370_496.0;
     let t = (q + TWO52) - TWO52;
     if t > q {
         t - 1.0
