@@ -27,28 +27,13 @@ impl Inner {
         }
     }
 
-    /// Writes to child `c`; an error marks it failed. Through the child's
-    /// `submit_cb`, so that a child that runs a request alone on the
-    /// calling thread (the file backend does, when nothing else of it is
-    /// in flight) writes here, with no hand-off to another thread and back.
+    /// Writes to child `c`; an error marks it failed.
     pub async fn child_write(&self, c: usize, off: u64, data: Bytes) -> Result<(), Errno> {
         let Some(dev) = &self.children[c].dev else {
             return Err(Errno::EIO);
         };
         self.metrics.child_writes.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let req = Request::Write {
-            offset: off,
-            data,
-            flags: Flags::NONE,
-        };
-        dev.submit_cb(
-            req,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        );
-        match rx.await.unwrap_or(Err(Errno::EIO)) {
+        match dev.write(off, data, Flags::NONE).await {
             Ok(_) => Ok(()),
             Err(e) => {
                 self.fail(c, &format!("write error {e:?}")).await;
