@@ -4,45 +4,18 @@
 //! its sync (as a killed process leaves it), it keeps the size and bytes
 //! of its last sync and fsck finds no error.
 
-use iolift_direct::fs::{fsck, File, Fs, Mkfs};
-use iolift_direct::{Config, Direct, Engine, Open, Target};
+mod common;
+
+use common::{inline_engine, BS};
+use iolift_direct::fs::{fsck, File, Fs};
 use std::path::Path;
 
-const BS: usize = 4096;
 /// Appends of this size, not aligned to blocks (as a table builder's).
 const PIECE: usize = 1000;
 
-fn inline_engine(img: &Path, create: Option<u64>) -> Engine {
-    let t = Target::open(
-        img,
-        &Open {
-            direct: Direct::Auto,
-            create_size: create,
-            ..Open::default()
-        },
-    )
-    .unwrap();
-    Engine::new(
-        t,
-        Config {
-            inline: true,
-            ..Config::default()
-        },
-    )
-    .unwrap()
-}
-
+/// A fresh file system whose cache holds 1024 blocks.
 fn fresh(img: &Path) -> Fs {
-    let eng = inline_engine(img, Some(32 << 20));
-    iolift_direct::fs::mkfs(
-        &eng,
-        &Mkfs {
-            block_size: BS as u32,
-            inodes: 64,
-        },
-    )
-    .unwrap();
-    let mut fs = Fs::mount(eng).unwrap();
+    let mut fs = common::fresh(img);
     fs.set_cache_blocks(1024);
     fs
 }

@@ -4,47 +4,13 @@
 //! and a file system dropped with a write-back out (as a killed process
 //! leaves it) mounts with no fsck error and every synced byte intact.
 
-use iolift_direct::fs::{fsck, Fs, Mkfs};
-use iolift_direct::{Config, Direct, Engine, Open, Target};
-use std::path::Path;
+mod common;
 
-const BS: usize = 4096;
-
-fn inline_engine(img: &Path, create: Option<u64>) -> Engine {
-    let t = Target::open(
-        img,
-        &Open {
-            direct: Direct::Auto,
-            create_size: create,
-            ..Open::default()
-        },
-    )
-    .unwrap();
-    Engine::new(
-        t,
-        Config {
-            inline: true,
-            ..Config::default()
-        },
-    )
-    .unwrap()
-}
+use common::{fresh, inline_engine, BS};
+use iolift_direct::fs::{fsck, Fs};
 
 fn block(i: usize) -> Vec<u8> {
     (0..BS).map(|j| (i * 31 + j * 7 + 1) as u8).collect()
-}
-
-fn fresh(img: &Path) -> Fs {
-    let eng = inline_engine(img, Some(32 << 20));
-    iolift_direct::fs::mkfs(
-        &eng,
-        &Mkfs {
-            block_size: BS as u32,
-            inodes: 64,
-        },
-    )
-    .unwrap();
-    Fs::mount(eng).unwrap()
 }
 
 fn read_all(fs: &mut Fs, f: &mut iolift_direct::fs::File, blocks: usize) {

@@ -1,0 +1,45 @@
+//! Helpers shared by the AccelFS write-back tests: an engine that runs
+//! each request on the calling thread, and a fresh file system on it.
+
+use iolift_direct::fs::{Fs, Mkfs};
+use iolift_direct::{Config, Direct, Engine, Open, Target};
+use std::path::Path;
+
+/// Block size of the file systems made by [`fresh`].
+pub const BS: usize = 4096;
+
+/// An inline engine (no ring thread) on `img`, created with `create`
+/// bytes when given.
+pub fn inline_engine(img: &Path, create: Option<u64>) -> Engine {
+    let t = Target::open(
+        img,
+        &Open {
+            direct: Direct::Auto,
+            create_size: create,
+            ..Open::default()
+        },
+    )
+    .unwrap();
+    Engine::new(
+        t,
+        Config {
+            inline: true,
+            ..Config::default()
+        },
+    )
+    .unwrap()
+}
+
+/// A new 32 MiB file system (blocks of [`BS`], 64 inodes) on `img`, mounted.
+pub fn fresh(img: &Path) -> Fs {
+    let eng = inline_engine(img, Some(32 << 20));
+    iolift_direct::fs::mkfs(
+        &eng,
+        &Mkfs {
+            block_size: BS as u32,
+            inodes: 64,
+        },
+    )
+    .unwrap();
+    Fs::mount(eng).unwrap()
+}
