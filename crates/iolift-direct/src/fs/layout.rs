@@ -102,24 +102,31 @@ impl Super {
         if inodes < 2 {
             return Err(bad(format!("{inodes} inodes: at least 2")));
         }
-        let bs = block_size as u64;
-        let bitmap_blocks = blocks.div_ceil(bs * 8) as u32;
-        let itable_blocks = (inodes as u64 * INODE_SIZE as u64).div_ceil(bs) as u32;
-        let data_start = 1 + bitmap_blocks + itable_blocks;
-        if blocks < data_start as u64 + 2 || blocks > u32::MAX as u64 {
+        if blocks > u32::MAX as u64 {
             return Err(bad(format!(
-                "{blocks} blocks of {block_size} bytes: too small for {inodes} inodes (or over 2^32 blocks)"
+                "{blocks} blocks of {block_size} bytes: over 2^32 - 1 blocks"
             )));
         }
+        // In 64 bits: with blocks < 2^32 every sum below fits.
+        let bs = block_size as u64;
+        let bitmap_blocks = blocks.div_ceil(bs * 8);
+        let itable_blocks = (inodes as u64 * INODE_SIZE as u64).div_ceil(bs);
+        let data_start = 1 + bitmap_blocks + itable_blocks;
+        if blocks < data_start + 2 {
+            return Err(bad(format!(
+                "{blocks} blocks of {block_size} bytes: too small for {inodes} inodes"
+            )));
+        }
+        // data_start + 2 <= blocks < 2^32: each fits in 32 bits.
         Ok(Super {
             block_size,
             blocks,
             inodes,
             bitmap_start: 1,
-            bitmap_blocks,
-            itable_start: 1 + bitmap_blocks,
-            itable_blocks,
-            data_start,
+            bitmap_blocks: bitmap_blocks as u32,
+            itable_start: 1 + bitmap_blocks as u32,
+            itable_blocks: itable_blocks as u32,
+            data_start: data_start as u32,
             root: ROOT,
         })
     }
@@ -407,5 +414,66 @@ mod tests {
         assert_eq!(Dirent::decode(&d.encode(), 1, 0, &s).unwrap(), Some(d));
         assert!(check_name("a/b").is_err() && check_name("..").is_err());
         assert!(check_name(&"x".repeat(57)).is_err());
+    }
+
+    /// Every field of a superblock set to each of a list of awkward values
+    /// (zero, one, the largest, powers of two and their neighbours, values
+    /// whose bitmap or inode table would not fit in 32 bits), with its
+    /// checksum made right so that the checks behind it are reached:
+    /// decode gives a superblock that plans back to itself, or an error
+    /// that says it is about the superblock; never a panic.
+    #[test]
+    fn every_field_of_a_checksummed_superblock_is_decoded_or_refused() {
+        let good = Super::plan(4096, 1024, 64).unwrap().encode();
+        let mut values: Vec<u64> = vec![0, 1, 2, 7, 4095, 4096, 65536, 65537];
+        for k in 0..64 {
+            values.extend([1u64 << k, (1u64 << k) - 1, (1u64 << k) + 1]);
+        }
+        // Block counts whose bitmap needs about 2^32 blocks (4 KiB and
+        // 64 KiB blocks): the layout's block numbers would not fit in 32 bits.
+        for bs in [4096u64, 65536] {
+            for d in [0, 1, 2, 1 << 20] {
+                values.push(((1u64 << 32) - d) * bs * 8);
+                values.push((u32::MAX as u64 - d) * bs * 8 + 1);
+            }
+        }
+        values.extend([u32::MAX as u64, u64::MAX, u64::MAX - 1]);
+        let (mut ok, mut refused) = (0, 0);
+        for (at, width) in [
+            (12, 4),
+            (16, 8),
+            (24, 4),
+            (28, 4),
+            (32, 4),
+            (36, 4),
+            (40, 4),
+            (44, 4),
+            (48, 4),
+        ] {
+            for &v in &values {
+                if width == 4 && v > u32::MAX as u64 {
+                    continue;
+                }
+                let mut b = good;
+                b[at..at + width].copy_from_slice(&v.to_le_bytes()[..width]);
+                let c = crc32c(&b[..52]);
+                b[52..56].copy_from_slice(&c.to_le_bytes());
+                match Super::decode(&b, u64::MAX) {
+                    Ok(s) => {
+                        let again = Super::plan(s.block_size, s.blocks, s.inodes).unwrap();
+                        assert_eq!(again, s, "field at {at} = {v}");
+                        ok += 1;
+                    }
+                    Err(e) => {
+                        assert!(
+                            e.to_string().starts_with("superblock: "),
+                            "field at {at} = {v}: {e}"
+                        );
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        assert!(ok > 0 && refused > ok, "{ok} decoded, {refused} refused");
     }
 }
