@@ -37,6 +37,14 @@
 #            sleeping, and spins on the inline ring for the disk's answer,
 #            so at QD 1 the server is never woken (a CPU busy meanwhile);
 #            both turn themselves off at depth
+#   <name>B  (with IOLIFT_B=PATH) any iolift server above run by that other
+#            binary: MAIN_SERVERS="qemuu hitu hituB" A/Bs two builds in one
+#            run, alternating like every server
+#   <name>P  (PIN section, or any list) that server with every one of its
+#            threads and its fio pinned to the CPU the disk interrupts
+#            (PIN_CPU=N to choose): request, completion and reply wake-ups
+#            all land on one CPU (on this VM a wake-up across CPUs wakes a
+#            halted vCPU); e.g. hituP, qemuuP, devP
 #   raw      iolift file:RAW,direct: the same bytes as a raw file (the limit;
 #            a request alone on the file runs on the thread that read it)
 #   qraw     (floor section) qemu-nbd --cache=none --aio=io_uring serving the
@@ -52,6 +60,9 @@
 #   floor    (FLOOR=1, off by default) QD 1 reads: qemuu, qraw, raw, dev,
 #            hitu, hitr and hitp: what the disk and the NBD hop leave to
 #            any server at QD 1
+#   pin      (PIN=1, off by default) QD 1 reads: qemuu, raw, hitu and dev,
+#            each also pinned (P): whether same-CPU wake-ups are what a
+#            QD 1 read waits for here
 #   place    (PLACE=1) the data path per worker (hitu) against per
 #            connection (hitc), 4 connections at QD 8
 #   small    (SMALL=1) 1 GiB, 4 KiB clusters: 2 MiB of L2 entries, more
@@ -61,7 +72,8 @@
 #            allocated 64 KiB-cluster image at QD 1 and 32, and at QD 1
 #            with a flush after every write (qd1f, fio fsync=1: the flush
 #            latency rows)
-# Latency avg/p50/p90/p99/p99.9/p99.99 and IOPS, medians over R repeats,
+# Latency avg/p50/p90/p99/p99.9/p99.99, IOPS and the server's CPU time per
+# I/O (utime + stime from /proc/PID/stat around each job), medians over R repeats,
 # ratios against the faster qemu-nbd, the hit ratio iolift's control
 # socket reported, peak RSS, and the targets as met / not met. Not a
 # test: see docs/qcow2.md.
@@ -74,6 +86,8 @@
 #   MAIN_SERVERS="qemu qemuu hitq hitu" QDS="1 8" bench/qcow2.sh
 #   FLOOR=1 QDS=1 MISS=0 SPIN=0 PLACE=0 SMALL=0 WRITES=0 bench/qcow2.sh   # the QD 1 floor
 #   BUILD=0 bench/qcow2.sh               # use the binary already built
+#   IOLIFT=PATH bench/qcow2.sh           # this iolift binary, no build step
+#   IOLIFT=new IOLIFT_B=old MAIN_SERVERS="qemuu hitu hituB" QDS="1 8" bench/qcow2.sh
 #   KEEP=1 bench/qcow2.sh                # keep the fio JSON files
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -95,7 +109,12 @@ QAIO=${QAIO:-native}
 MAIN_SERVERS=${MAIN_SERVERS:-"qemu qemuu hitu hitp raw"}
 PROFILE=${PROFILE:-release}
 TARGET=${CARGO_TARGET_DIR:-target}
-IOLIFT=$TARGET/$PROFILE/iolift
+# IOLIFT=PATH: run this binary as is (no build step); IOLIFT_B=PATH: the
+# binary of the servers whose name ends in B (an A/B of two builds).
+[[ -n ${IOLIFT:-} ]] && BUILD=${BUILD:-0}
+IOLIFT=${IOLIFT:-$TARGET/$PROFILE/iolift}
+IOLIFT_B=${IOLIFT_B:-}
+PIN=${PIN:-0}
 PY=/usr/bin/python3; [[ -x $PY ]] || PY=python3
 
 for t in fio qemu-nbd qemu-img; do
@@ -129,7 +148,11 @@ else
 fi
 
 start_server() { # name socket image entries readonly(1/0)
-    local s=$1 sock=$2 img=$3 n=$4 ro=$5 qro="" iro=""
+    local s=${1%P} sock=$2 img=$3 n=$4 ro=$5 qro="" iro="" IOLIFT=$IOLIFT
+    if [[ $s == *B ]]; then
+        [[ -x $IOLIFT_B ]] || { echo "server $s needs IOLIFT_B=PATH (an iolift binary)" >&2; exit 1; }
+        IOLIFT=$IOLIFT_B; s=${s%B}
+    fi
     rm -f "$sock" "$sock.ctl"
     [[ $ro == 1 ]] && { qro="-r"; iro=",ro"; }
     local q="qcow2:$img$IDIR$iro,control=$sock.ctl"
@@ -152,10 +175,24 @@ start_server() { # name socket image entries readonly(1/0)
     esac
     SERVER_PID=$!
     wait_socket "$s" "$sock"
+    # every thread of the server, and those it starts later, on one CPU
+    [[ $1 == *P ]] && taskset -a -p -c "$(pin_cpu)" "$SERVER_PID" >/dev/null
+    return 0
 }
 
-fio_job() { # uri name rw qd jobs out [fio options]
-    fio --name="$2" --ioengine=nbd --uri="$1" --rw="$3" --bs=4k --iodepth="$4" "${@:7}" \
+# The CPU the disk under $WORK interrupts (its first queue), or PIN_CPU.
+pin_cpu() {
+    if [[ -n ${PIN_CPU:-} ]]; then echo "$PIN_CPU"; return; fi
+    local dev vdev irq
+    dev=$(basename "$(df --output=source "$WORK" | tail -1)")
+    vdev=$(basename "$(readlink -f "/sys/class/block/$dev/device" 2>/dev/null)" 2>/dev/null)
+    irq=$(grep -l "$vdev-req\|$dev" /proc/irq/*/actions 2>/dev/null | head -1)
+    if [[ -n $irq ]]; then cut -d, -f1 "$(dirname "$irq")/effective_affinity_list" | cut -d- -f1; else echo 0; fi
+}
+
+fio_job() { # uri name rw qd jobs out [fio options] (PINNED=1: on pin_cpu)
+    local pre=(); [[ ${PINNED:-0} == 1 ]] && pre=(taskset -c "$(pin_cpu)")
+    "${pre[@]}" fio --name="$2" --ioengine=nbd --uri="$1" --rw="$3" --bs=4k --iodepth="$4" "${@:7}" \
         --numjobs="$5" --group_reporting --size="$SIZE" --time_based --runtime="$RUNTIME" \
         --norandommap --randrepeat=0 \
         --percentile_list=50:90:99:99.9:99.99 --output-format=json >"$6"
@@ -167,10 +204,11 @@ fio_job() { # uri name rw qd jobs out [fio options]
 run_one() {
     local sec=$1 s=$2 rep=$3 img=$4 n=$5 rw=$6; shift 6
     local sock=$WORK/$s.sock ro=1
-    if [[ $s == dev ]]; then
+    local pre=(); [[ $s == *P ]] && pre=(taskset -c "$(pin_cpu)")
+    if [[ ${s%P} == dev ]]; then
         # no server: fio on the raw file itself, the same job otherwise
         for job in "$@"; do
-            fio --name="$job" --ioengine=io_uring --direct=1 --filename="$RAW" --readonly \
+            "${pre[@]}" fio --name="$job" --ioengine=io_uring --direct=1 --filename="$RAW" --readonly \
                 --rw="$rw" --bs=4k --iodepth="${job#qd}" --size="$SIZE" --time_based \
                 --runtime="$RUNTIME" --norandommap --randrepeat=0 \
                 --percentile_list=50:90:99:99.9:99.99 --output-format=json \
@@ -181,25 +219,28 @@ run_one() {
     fi
     [[ $rw == randwrite ]] && ro=0
     start_server "$s" "$sock" "$img" "$n" "$ro"
-    local uri="nbd+unix:///?socket=$sock"
-    if [[ $s == hit* ]]; then
+    local uri="nbd+unix:///?socket=$sock" base=${s%P}; base=${base%B}
+    if [[ $base == hit* ]]; then
         # warm-up: a sequential read of the whole image (hitw: from 4
         # connections at once, so more of the workers' caches see each
         # cluster; the hit ratio printed says how well that worked)
-        local nj=1; [[ $s != hit ]] && nj=4
+        local nj=1; [[ $base != hit ]] && nj=4
         fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 \
             --numjobs=$nj --size="$SIZE" --output-format=json >/dev/null
     fi
-    if [[ $s != qemu* && $s != raw && $s != qraw ]]; then
+    if [[ $base != qemu* && $base != raw && $base != qraw ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats0"
     fi
     for job in "$@"; do
         local qd=${job#qd} c=1 extra=()
         [[ $qd == *f ]] && { qd=${qd%f}; extra=(--fsync=1); }
         [[ $qd == *x* ]] && { c=${qd#*x}; qd=${qd%x*}; }
-        fio_job "$uri" "$job" "$rw" "$qd" "$c" "$WORK/${sec}_${s}_${rep}_$job.json" "${extra[@]}"
+        local c0; c0=$(cpu_ticks "$SERVER_PID")
+        PINNED=$([[ $s == *P ]] && echo 1 || echo 0) \
+            fio_job "$uri" "$job" "$rw" "$qd" "$c" "$WORK/${sec}_${s}_${rep}_$job.json" "${extra[@]}"
+        echo $(( $(cpu_ticks "$SERVER_PID") - c0 )) >"$WORK/${sec}_${s}_${rep}_$job.cpu"
     done
-    if [[ $s != qemu* && $s != raw && $s != qraw ]]; then
+    if [[ $base != qemu* && $base != raw && $base != qraw ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats"
     fi
     peak_kib "$SERVER_PID" >"$WORK/${sec}_${s}_${rep}.rss"
@@ -233,6 +274,10 @@ fi
 if [[ $FLOOR == 1 ]]; then
     section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw dev hitu hitr hitp" qd1
 fi
+if [[ $PIN == 1 ]]; then
+    echo "== pin section: the disk interrupts CPU $(pin_cpu)" >&2
+    section pin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qemuuP raw rawP hitu hituP dev devP" qd1
+fi
 if [[ $PLACE == 1 ]]; then
     section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hitu hitc" qd8x4
 fi
@@ -247,11 +292,13 @@ if [[ $WRITES == 1 ]]; then
 fi
 echo "== load at the end $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-"$PY" - "$WORK" "$R" <<'PY'
+"$PY" - "$WORK" "$R" "$RUNTIME" <<'PY'
 import json, statistics, sys, os
-work, reps = sys.argv[1], int(sys.argv[2])
+work, reps, runtime = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+HZ = os.sysconf("SC_CLK_TCK")
 keys = [("iops", "IOPS"), ("avg", "avg us"), ("50", "p50 us"), ("90", "p90 us"),
-        ("99", "p99 us"), ("99.9", "p99.9 us"), ("99.99", "p99.99 us")]
+        ("99", "p99 us"), ("99.9", "p99.9 us"), ("99.99", "p99.99 us"),
+        ("cpu", "srv CPU us/IO")]
 
 def pcts(lat, out, prefix=""):
     pct = lat.get("percentile", {})
@@ -266,10 +313,18 @@ def one(sec, s, rep, job, rw):
     r = j["read" if rw == "randread" else "write"]
     out = {"iops": r["iops"]}
     pcts(r["clat_ns"], out)
+    # the server's CPU per I/O over the job (no server for dev)
+    cpu = f"{work}/{sec}_{s}_{rep}_{job}.cpu"
+    ios = r["iops"] * runtime
+    out["cpu"] = (int(open(cpu).read()) / HZ * 1e6 / ios) if os.path.exists(cpu) and ios else 0
     if job.endswith("f"):
         # flush after every write: its latency as fio saw it
         pcts(j.get("sync", {}).get("lat_ns", {}), out, "f")
     return out
+
+def base(s):
+    # the server without its P (pinned) and B (other binary) suffixes
+    return s.removesuffix("P").removesuffix("B")
 
 def counters(p):
     out = {}
@@ -291,7 +346,7 @@ def hit_ratio(sec, s):
             vals.append(h / (h + m) if h + m else 0.0)
     return statistics.median(vals) if vals else None
 
-fkeys = [("f" + k, "flush " + label.replace(" us", "") + " us") for k, label in keys[1:]]
+fkeys = [("f" + k, "flush " + label.replace(" us", "") + " us") for k, label in keys[1:-1]]
 
 targets = []
 med = {}
@@ -326,13 +381,20 @@ for line in open(f"{work}/sections"):
         print(f"[{sec}] {s:<5} peak RSS median {statistics.median(rss) / 1024:.1f} MiB{hrs}")
     M = lambda s, j, k: med[sec, s, j][k]
     P = lambda j: peer[sec, j]
-    if sec in ("main", "small", "place", "spin", "floor"):
-        for h in ("hit", "hitw", "hitq", "hitu", "hitr", "hitv", "hitc", "hits", "hitp"):
-            if h not in servers or not qemus:
+    if sec in ("main", "small", "place", "spin", "floor", "pin"):
+        for h in [x for x in servers if base(x) in ("hit", "hitw", "hitq", "hitu", "hitr", "hitv", "hitc", "hits", "hitp")]:
+            if not qemus:
                 continue
             for j in jobs:
                 r = M(h, j, "iops") / M(P(j), j, "iops")
                 targets.append((f"[{sec}] {h} IOPS >= 1.3x qemu-nbd ({P(j)}) at {j}", r >= 1.3, f"{r:.2f}x"))
+    if sec == "pin":
+        for s in servers:
+            if s.endswith("P") and s[:-1] in servers:
+                for j in jobs:
+                    u, p_ = med[sec, s[:-1], j], med[sec, s, j]
+                    print(f"[pin] {j}: {s} / {s[:-1]} IOPS {p_['iops'] / u['iops']:.2f}x, "
+                          f"p50 {p_['50']:.1f} / {u['50']:.1f} us")
     if sec == "floor" and "dev" in servers:
         for j in jobs:
             d, q = M("dev", j, "iops"), M(P(j), j, "iops")
@@ -343,9 +405,7 @@ for line in open(f"{work}/sections"):
     if sec == "main":
         j1 = "qd1"
         if j1 in jobs and "raw" in servers:
-            for h in ("hit", "hitw", "hitq", "hitu", "hitr", "hitv", "hitp"):
-                if h not in servers:
-                    continue
+            for h in [x for x in servers if base(x) in ("hit", "hitw", "hitq", "hitu", "hitr", "hitv", "hitp")]:
                 r = M(h, j1, "50") / M("raw", j1, "50")
                 targets.append((f"[main] {h} p50 <= 1.1x raw p50 at qd1", r <= 1.1, f"{r:.2f}x"))
     if sec in ("main", "miss") and "miss" in servers and "cp" in servers:
@@ -356,8 +416,8 @@ for line in open(f"{work}/sections"):
             r = M("miss", "qd1", "50") / M("cp", "qd1", "50")
             targets.append((f"[{sec}] miss p50 no worse than control-plane-only at qd1", r <= 1.0, f"{r:.2f}x"))
     if sec == "write":
-        for h in ("hitw", "hitq", "hitu", "hitp"):
-            for j in jobs if h in servers else []:
+        for h in [x for x in servers if base(x) in ("hitw", "hitq", "hitu", "hitp")]:
+            for j in jobs:
                 r = M(h, j, "iops") / M(P(j), j, "iops")
                 targets.append((f"[write] iolift {h} write IOPS no slower than qemu-nbd ({P(j)}) at {j}", r >= 1.0, f"{r:.2f}x"))
                 if j.endswith("f"):
