@@ -49,6 +49,11 @@
 #            a request alone on the file runs on the thread that read it)
 #   qraw     (floor section) qemu-nbd --cache=none --aio=io_uring serving the
 #            raw file: the NBD hop without any qcow2 translation
+#   mini     (floor and pin sections) the minimal responder of
+#            bench/nbd-floor.c (C, compiled here: one thread per connection,
+#            a blocking recv, pread of the raw file with O_DIRECT, one
+#            writev per reply, structured replies as iolift): what any
+#            server could reach at QD 1 through this client and disk
 #   dev      (floor section) no server: fio reads the raw file itself
 #            (io_uring, O_DIRECT), the disk's own latency
 # Sections:
@@ -57,7 +62,7 @@
 #   miss     (MISS=1) cp against miss at QD 1 and 32 and 4 connections x QD 8
 #   spin     (SPIN=1) QD 1 reads: both qemu-nbds against hits (hitu and hitp
 #            are in main)
-#   floor    (FLOOR=1, off by default) QD 1 reads: qemuu, qraw, raw, dev,
+#   floor    (FLOOR=1, off by default) QD 1 reads: qemuu, qraw, raw, mini, dev,
 #            hitu, hitr and hitp: what the disk and the NBD hop leave to
 #            any server at QD 1
 #   pin      (PIN=1, off by default) QD 1 reads: qemuu, raw, hitu and dev,
@@ -171,6 +176,7 @@ start_server() { # name socket image entries readonly(1/0)
         hitr) "$IOLIFT" serve --socket "$sock" "$q,cache=$n,paths=4,engine=uring,spin_us=1" 2>"$WORK/$s.log" & ;;
         hitv) "$IOLIFT" serve --poll-us "$POLL_US" --socket "$sock" "$q,cache=$n,paths=4,engine=uring" 2>"$WORK/$s.log" & ;;
         raw)  "$IOLIFT" serve --socket "$sock" "file:$RAW$IDIR$iro" 2>"$WORK/$s.log" & ;;
+        mini) "$WORK/floor" "$sock" 0 1 "$RAW" 2>"$WORK/$s.log" & ;;
         qraw) qemu-nbd -f raw $qro $QCACHEU -k "$sock" --persistent --shared=8 "$RAW" 2>"$WORK/$s.log" & ;;
     esac
     SERVER_PID=$!
@@ -228,7 +234,7 @@ run_one() {
         fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 \
             --numjobs=$nj --size="$SIZE" --output-format=json >/dev/null
     fi
-    if [[ $base != qemu* && $base != raw && $base != qraw ]]; then
+    if [[ $base == hit* || $base == cp || $base == miss ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats0"
     fi
     for job in "$@"; do
@@ -240,7 +246,7 @@ run_one() {
             fio_job "$uri" "$job" "$rw" "$qd" "$c" "$WORK/${sec}_${s}_${rep}_$job.json" "${extra[@]}"
         echo $(( $(cpu_ticks "$SERVER_PID") - c0 )) >"$WORK/${sec}_${s}_${rep}_$job.cpu"
     done
-    if [[ $base != qemu* && $base != raw && $base != qraw ]]; then
+    if [[ $base == hit* || $base == cp || $base == miss ]]; then
         "$IOLIFT" qcow2 control "$sock.ctl" stats >"$WORK/${sec}_${s}_${rep}.stats"
     fi
     peak_kib "$SERVER_PID" >"$WORK/${sec}_${s}_${rep}.rss"
@@ -271,12 +277,22 @@ fi
 if [[ $SPIN == 1 ]]; then
     section spin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hits" qd1
 fi
+# the minimal responder (floor and pin sections), if a C compiler is here
+MINI=""
+if [[ $FLOOR == 1 || $PIN == 1 ]]; then
+    if command -v cc >/dev/null && cc -O2 -pthread -o "$WORK/floor" bench/nbd-floor.c; then
+        MINI=mini
+    else
+        echo "no C compiler (or it failed): no minimal responder (mini)" >&2
+    fi
+fi
 if [[ $FLOOR == 1 ]]; then
-    section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw dev hitu hitr hitp" qd1
+    section floor "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qraw raw $MINI dev hitu hitr hitp" qd1
 fi
 if [[ $PIN == 1 ]]; then
     echo "== pin section: the disk interrupts CPU $(pin_cpu)" >&2
-    section pin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemuu qemuuP raw rawP hitu hituP dev devP" qd1
+    section pin "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread \
+        "qemuu qemuuP raw rawP ${MINI:+mini miniP} hitu hituP dev devP" qd1
 fi
 if [[ $PLACE == 1 ]]; then
     section place "$IMG" $(( SIZE_BYTES / 65536 + 1024 )) randread "qemu qemuu hitu hitc" qd8x4
@@ -395,6 +411,13 @@ for line in open(f"{work}/sections"):
                     u, p_ = med[sec, s[:-1], j], med[sec, s, j]
                     print(f"[pin] {j}: {s} / {s[:-1]} IOPS {p_['iops'] / u['iops']:.2f}x, "
                           f"p50 {p_['50']:.1f} / {u['50']:.1f} us")
+    if sec == "floor" and "mini" in servers:
+        for j in jobs:
+            r = M("mini", j, "iops") / M(P(j), j, "iops")
+            print(f"[floor] {j}: the minimal responder (blocking recv, pread, writev; no work) "
+                  f"{r:.2f}x {P(j)}'s IOPS, p50 {M('mini', j, '50'):.1f} us: 1.3x is "
+                  + ("within reach of a server here" if r >= 1.3 else
+                     "out of reach for any server through this client and disk"))
     if sec == "floor" and "dev" in servers:
         for j in jobs:
             d, q = M("dev", j, "iops"), M(P(j), j, "iops")
