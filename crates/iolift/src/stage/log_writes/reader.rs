@@ -104,9 +104,13 @@ impl Log {
                 );
             }
             let data_pos = pos + RECORD_HEADER as u64;
-            let end = data_pos
-                .checked_add(head.payload())
-                .context("record length overflows")?;
+            let Some(end) = data_pos.checked_add(head.payload()) else {
+                bail!(
+                    "{}: record length {} runs past the largest file offset",
+                    at(pos),
+                    head.payload()
+                );
+            };
             if end > size {
                 log.torn = Some(torn(format!(
                     "payload cut short ({} of {} bytes)",
