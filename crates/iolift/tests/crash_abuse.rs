@@ -81,14 +81,7 @@ fn reply(s: &mut UnixStream) -> (u32, u64) {
 
 /// The server's resident memory, bytes.
 fn rss(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kb << 10
+    proc_mem(pid, "VmRSS")
 }
 
 /// CPU time (user + system) the process has used, in clock ticks.

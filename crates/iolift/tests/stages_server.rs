@@ -1,6 +1,6 @@
 //! Stages in a real `iolift serve`: fio verify through cache + scheduler on
 //! the file backend, kill -9 durability of flushed/FUA data, the
-//! `--metrics` endpoint.
+//! `--metrics` endpoint, the cache's memory against its size.
 
 mod common;
 use common::*;
@@ -307,6 +307,59 @@ fn metrics_endpoint_counts_io() {
     );
     let (head, _) = scrape(&addr, "/nope");
     assert!(head.starts_with("HTTP/1.0 404"), "{head}");
+}
+
+/// The cache holds its budget under load: 128 MiB written and then read
+/// through `cache:size=16M` over a file raise the server's peak resident
+/// size (VmHWM) by at most the 16 MiB plus a fixed overhead (the buffers
+/// of the requests in flight, the runtime's threads, allocator slack); the
+/// same load through `cache:size=112M` raises it by more than 80 MiB, so
+/// the measurement does see a cache's blocks.
+#[test]
+fn the_cache_stage_stays_within_its_size() {
+    let _g = heavy();
+    require_tool("fio");
+    const OVERHEAD: u64 = 32 << 20;
+    let grew = |size: &str| -> u64 {
+        let mut b = ServerBuilder::iolift();
+        let img = b.dir().join("disk.img");
+        let srv = b
+            .args(["--stage", &format!("cache:size={size},block=4k")])
+            .backend(&format!("file:{},size=256M", img.display()))
+            .start();
+        let base = proc_mem(srv.pid(), "VmRSS");
+        for rw in ["write", "read"] {
+            run_ok(cmd("fio").args([
+                &format!("--name={rw}"),
+                "--ioengine=nbd",
+                &format!("--uri={}", srv.uri()),
+                &format!("--rw={rw}"),
+                "--bs=128k",
+                "--iodepth=4",
+                "--size=128M",
+            ]));
+        }
+        let peak = proc_mem(srv.pid(), "VmHWM");
+        println!(
+            "cache:size={size}: RSS {} MiB at start, peak {} MiB",
+            base >> 20,
+            peak >> 20
+        );
+        peak.saturating_sub(base)
+    };
+    let small = grew("16M");
+    assert!(
+        small <= (16 << 20) + OVERHEAD,
+        "cache:size=16M grew the server by {} MiB (budget 16 MiB + {} MiB)",
+        small >> 20,
+        OVERHEAD >> 20
+    );
+    let large = grew("112M");
+    assert!(
+        large > 80 << 20,
+        "cache:size=112M grew the server by only {} MiB: the measurement misses the cache",
+        large >> 20
+    );
 }
 
 #[test]

@@ -105,6 +105,19 @@ pub fn heavy() -> MutexGuard<'static, ()> {
     M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A memory line of /proc/PID/status (`VmRSS`, `VmHWM`: the resident
+/// size now, its peak since the process started), in bytes.
+pub fn proc_mem(pid: u32, key: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+    kb << 10
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; a small race is possible).
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
