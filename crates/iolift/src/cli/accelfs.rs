@@ -35,11 +35,44 @@ pub struct AccelfsArgs {
     cmd: Sub,
 }
 
+/// `--direct` of `iolift accelfs` and `iolift kv`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum DirectArg {
+pub(crate) enum DirectArg {
     Auto,
     On,
     Off,
+}
+
+impl From<DirectArg> for Direct {
+    fn from(d: DirectArg) -> Direct {
+        match d {
+            DirectArg::Auto => Direct::Auto,
+            DirectArg::On => Direct::On,
+            DirectArg::Off => Direct::Off,
+        }
+    }
+}
+
+/// Opens an AccelFS image (created with `create` bytes when given) and
+/// says on stderr, as `tool`, when it fell back to buffered I/O.
+pub(crate) fn open_image(
+    tool: &str,
+    image: &Path,
+    direct: DirectArg,
+    create: Option<u64>,
+) -> Result<Target> {
+    let t = Target::open(
+        image,
+        &Open {
+            direct: direct.into(),
+            create_size: create,
+            ..Open::default()
+        },
+    )?;
+    if let Some(why) = t.fallback() {
+        eprintln!("iolift {tool}: buffered I/O: {why}");
+    }
+    Ok(t)
 }
 
 #[derive(Subcommand, Debug)]
@@ -162,26 +195,11 @@ enum StreamIo {
 
 impl AccelfsArgs {
     fn direct(&self) -> Direct {
-        match self.direct {
-            DirectArg::Auto => Direct::Auto,
-            DirectArg::On => Direct::On,
-            DirectArg::Off => Direct::Off,
-        }
+        self.direct.into()
     }
 
     fn engine(&self, image: &Path, create: Option<u64>) -> Result<Engine> {
-        let direct = self.direct();
-        let t = Target::open(
-            image,
-            &Open {
-                direct,
-                create_size: create,
-                ..Open::default()
-            },
-        )?;
-        if let Some(why) = t.fallback() {
-            eprintln!("iolift accelfs: buffered I/O: {why}");
-        }
+        let t = open_image("accelfs", image, self.direct, create)?;
         let cfg = Config {
             sqpoll: self.sqpoll.then_some(1000),
             // AccelFS waits for every request: no engine thread.

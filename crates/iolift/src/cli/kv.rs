@@ -2,10 +2,11 @@
 //! AccelFS, see docs/kv.md). `bench` speaks db_bench's flags and prints
 //! its report lines; `dump` prints every key and value.
 
+use super::accelfs::{open_image, DirectArg};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use iolift_direct::fs::{fsck, mkfs, Fs, Mkfs};
-use iolift_direct::{Config, Direct, Engine, Open, Target};
+use iolift_direct::{Config, Engine};
 use iolift_kv::bench::{self, BenchOpts};
 use iolift_kv::env::lock_image;
 use iolift_kv::{AccelEnv, EnvConfig, PosixSyncEnv, SyncMode};
@@ -39,13 +40,6 @@ enum EnvKind {
     Posix,
     /// rusty-leveldb's POSIX environment with sync = fdatasync(2).
     PosixFsync,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum DirectArg {
-    Auto,
-    On,
-    Off,
 }
 
 /// What the engine's sync does on AccelFS (`SyncMode`).
@@ -243,22 +237,7 @@ fn accel_env(a: &StoreArgs, image: &Path) -> Result<(AccelEnv, String)> {
         Some(s) if !image.exists() => Some(crate::util::parse_size(s)?),
         _ => None,
     };
-    let direct = match a.direct {
-        DirectArg::Auto => Direct::Auto,
-        DirectArg::On => Direct::On,
-        DirectArg::Off => Direct::Off,
-    };
-    let t = Target::open(
-        image,
-        &Open {
-            direct,
-            create_size: create,
-            ..Open::default()
-        },
-    )?;
-    if let Some(why) = t.fallback() {
-        eprintln!("iolift kv: buffered I/O: {why}");
-    }
+    let t = open_image("kv", image, a.direct, create)?;
     if a.mkfs.is_some() {
         // A fresh image is sparse: allocate it, as a block device is.
         if let Err(e) = t.allocate() {
