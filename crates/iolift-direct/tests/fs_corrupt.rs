@@ -9,8 +9,10 @@
 //! panic or a hang; and the images the checks are there for must be
 //! noticed (mount or fsck says so).
 
+mod common;
+
 use iolift_direct::fs::{fsck, layout, Fs, Mkfs};
-use iolift_direct::{Config, Direct, Engine, Open, Target};
+use iolift_direct::{Direct, Engine};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -19,23 +21,7 @@ const BS: usize = 4096;
 /// A buffered engine on `img` (the test rewrites the image between mounts
 /// with plain writes; the page cache keeps that cheap).
 fn engine(img: &Path, create: Option<u64>) -> Engine {
-    let t = Target::open(
-        img,
-        &Open {
-            direct: Direct::Off,
-            create_size: create,
-            ..Open::default()
-        },
-    )
-    .unwrap();
-    Engine::new(
-        t,
-        Config {
-            inline: true,
-            ..Config::default()
-        },
-    )
-    .unwrap()
+    common::inline_engine_with(img, create, Direct::Off)
 }
 
 /// Files of the populated image, with what was written to them.

@@ -1,5 +1,7 @@
 //! Helpers shared by the AccelFS write-back tests: an engine that runs
 //! each request on the calling thread, and a fresh file system on it.
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
 
 use iolift_direct::fs::{Fs, Mkfs};
 use iolift_direct::{Config, Direct, Engine, Open, Target};
@@ -11,10 +13,15 @@ pub const BS: usize = 4096;
 /// An inline engine (no ring thread) on `img`, created with `create`
 /// bytes when given.
 pub fn inline_engine(img: &Path, create: Option<u64>) -> Engine {
+    inline_engine_with(img, create, Direct::Auto)
+}
+
+/// [`inline_engine`] with the given O_DIRECT mode.
+pub fn inline_engine_with(img: &Path, create: Option<u64>, direct: Direct) -> Engine {
     let t = Target::open(
         img,
         &Open {
-            direct: Direct::Auto,
+            direct,
             create_size: create,
             ..Open::default()
         },
