@@ -430,3 +430,96 @@ fn stage_and_backend_specs_are_checked_strictly() {
     .unwrap();
     assert!(!f.exists());
 }
+
+/// Every field of a full config file, top level and `[[export]]`, set to
+/// values of the wrong type, out of range or malformed: parsing and then
+/// merging over no flags gives settings, or an error that names the field
+/// (ours say `max_request: ...` or `export[0].backend: ...`; the TOML
+/// parser's quote the line, which holds the key). Never a panic.
+#[test]
+fn every_field_with_a_bad_value_is_named() {
+    let top: &[(&str, &str)] = &[
+        ("socket", "\"/tmp/x.sock\""),
+        ("tcp", "\":10810\""),
+        ("read_only", "true"),
+        ("max_request", "\"1M\""),
+        ("max_inflight", "\"64M\""),
+        ("threads", "2"),
+        ("poll_us", "\"auto\""),
+        ("coalesce_us", "50"),
+        ("default_export", "\"b\""),
+        ("stages", "[\"stats\"]"),
+        ("fuse", "[\"/m/b.img\"]"),
+        ("metrics", "\"127.0.0.1:9100\""),
+        ("pidfile", "\"/tmp/x.pid\""),
+    ];
+    let export: &[(&str, &str)] = &[
+        ("name", "\"b\""),
+        ("backend", "\"null:1G\""),
+        ("read_only", "false"),
+        ("stages", "[\"delay:all=1ms\"]"),
+        ("description", "\"scratch\""),
+    ];
+    let bad = [
+        "-1",
+        "0",
+        "4294967296",
+        "18446744073709551615",
+        "18446744073709551616",
+        "1e300",
+        "nan",
+        "true",
+        "\"\"",
+        "\"x\"",
+        "\"-1\"",
+        "\"99999999999999999999T\"",
+        "\"18446744073709551615k\"",
+        "\"1Q\"",
+        "\"a=b=c\"",
+        "\":\"",
+        "\"[::1\"",
+        "\"x:99999\"",
+        "\"\\u0000\"",
+        "[]",
+        "[1]",
+        "[\"\"]",
+        "[\"frob\", \"cache:size=1Q\"]",
+        "{}",
+    ];
+    let text = |t: &[(&str, &str)], e: &[(&str, &str)]| {
+        let mut s = String::new();
+        for (k, v) in t {
+            s += &format!("{k} = {v}\n");
+        }
+        s += "[[export]]\n";
+        for (k, v) in e {
+            s += &format!("{k} = {v}\n");
+        }
+        s
+    };
+    let parse = |s: &str| Config::parse(s).and_then(|c| Settings::merge(&Flags::default(), &c));
+    parse(&text(top, export)).expect("the full config is good");
+    let (mut refused, mut taken) = (0, 0);
+    for (in_export, fields) in [(false, top), (true, export)] {
+        for (i, (key, _)) in fields.iter().enumerate() {
+            for v in bad {
+                let mut f = fields.to_vec();
+                f[i].1 = v;
+                let s = if in_export {
+                    text(top, &f)
+                } else {
+                    text(&f, export)
+                };
+                match parse(&s) {
+                    Ok(_) => taken += 1,
+                    Err(e) => {
+                        let e = format!("{e:#}");
+                        assert!(e.contains(key), "{key} = {v}: {e}");
+                        refused += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(refused > taken, "{refused} refused, {taken} taken");
+}
