@@ -215,8 +215,11 @@ pub fn parse(s: &BackendSpec) -> Result<Config> {
     if m < 1 {
         return Err(o.err("m", format_args!("{m}: at least 1")));
     }
-    if k + m > 64 {
-        bail!("backend ec: k+m = {} children, at most 64", k + m);
+    if k.saturating_add(m) > 64 {
+        bail!(
+            "backend ec: k+m = {} children, at most 64",
+            k as u128 + m as u128
+        );
     }
     if children.len() as u64 != k + m {
         bail!(
