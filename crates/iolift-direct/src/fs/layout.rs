@@ -29,6 +29,10 @@ pub const NAME_MAX: usize = 56;
 pub const NDIRECT: usize = 12;
 pub const ROOT: u32 = 1;
 pub const SB_LEN: usize = 56;
+/// The most inodes a file system may have: the whole inode table is kept
+/// in memory while it is mounted (128 bytes an inode: 512 MiB at most).
+/// mkfs's default, one per 16 blocks, stops at 2^20 (128 MiB).
+pub const MAX_INODES: u32 = 1 << 22;
 
 pub const KIND_FREE: u16 = 0;
 pub const KIND_FILE: u16 = 1;
@@ -99,8 +103,11 @@ impl Super {
                 "block size {block_size}: a power of two from 4096 to 65536"
             )));
         }
-        if inodes < 2 {
-            return Err(bad(format!("{inodes} inodes: at least 2")));
+        if !(2..=MAX_INODES).contains(&inodes) {
+            return Err(bad(format!(
+                "{inodes} inodes: from 2 to {MAX_INODES} (the inode table, {INODE_SIZE} bytes \
+                 an inode, is kept in memory while mounted)"
+            )));
         }
         if blocks > u32::MAX as u64 {
             return Err(bad(format!(
@@ -386,6 +393,10 @@ mod tests {
         let e = Super::decode(&bad, u64::MAX).unwrap_err();
         assert!(e.to_string().contains("checksum"), "{e}");
         assert!(Super::plan(1000, 1024, 256).is_err());
+        // The inode table is kept in memory: its size is bounded.
+        assert!(Super::plan(4096, 1 << 31, MAX_INODES).is_ok());
+        let e = Super::plan(4096, 1 << 31, MAX_INODES + 1).unwrap_err();
+        assert!(e.to_string().contains("kept in memory"), "{e}");
         assert!(Super::plan(8192, 4, 256).is_err());
     }
 
