@@ -11,10 +11,18 @@
 #   JOBS=write:128k QDS=32 SERVERS="plain ec" MEDIA=file bench/ec-device.sh   # a subset
 #   BUILD=0 bench/ec-device.sh          # use $CARGO_TARGET_DIR/release/iolift as it is
 #   BUILD=0 IOLIFT=path/to/iolift bench/ec-device.sh   # another binary
+#   FILE_OPTS=+direct MEDIA=file bench/ec-device.sh     # options of each file child
+#   IOLIFT_B=path/to/other SERVERS="plain ec ec-b" JOBS=write:128k MEDIA=file bench/ec-device.sh
+#                                       # A/B in one run: ec-b is ec served by IOLIFT_B
+#   FILE_OPTS_B=+direct SERVERS="plain ec ec-b" ... # or with other file-child options
 #
 # Servers, per medium (mem: memory backends; file: files in $WORK):
 #   plain      memory:SIZE / file:plain.img,size=SIZE (SIZE = the ec export's size)
 #   ec         ec over 6 children of CHILD bytes (memory:CHILD / file:cN.img,size=CHILD)
+#   ec-b       the ec server again, by $IOLIFT_B (default $IOLIFT) with
+#              file children's options $FILE_OPTS_B (default $FILE_OPTS):
+#              the B side of an A/B of two builds or two child settings,
+#              alternating with ec in every repeat; printed as its own table
 #   ec-deg     the same device with 2 children lost: file: two child files
 #              deleted before the start (rebuild=off); mem: the error stage
 #              on children 1 and 4 fails their reads from the 200th on, so
@@ -62,7 +70,7 @@ EC_OPTS=${EC_OPTS:-k=4,m=2,chunk=64K}
 ec_spec() { # $1 medium, $2 degraded (0/1)
     local kids=() i c
     for i in 0 1 2 3 4 5; do
-        if [[ $1 == mem ]]; then c="memory:$CHILD"; else c="file:$WORK/c$i.img+size=$CHILD"; fi
+        if [[ $1 == mem ]]; then c="memory:$CHILD"; else c="file:$WORK/c$i.img+size=$CHILD${FILE_OPTS:-}"; fi
         if [[ $2 == 1 && $1 == mem && ( $i == 1 || $i == 4 ) ]]; then c="error:after=200+ops=read>$c"; fi
         kids+=("$c")
     done
@@ -71,9 +79,9 @@ ec_spec() { # $1 medium, $2 degraded (0/1)
     echo "ec:${kids[*]},$EC_OPTS$extra"
 }
 
-start() { # $1 name, $2 spec
+start() { # $1 name, $2 spec, $3 binary (default $IOLIFT)
     rm -f "$SOCK"
-    "$IOLIFT" serve --socket "$SOCK" --threads "$THREADS" "$2" 2>"$WORK/$1.log" &
+    "${3:-$IOLIFT}" serve --socket "$SOCK" --threads "$THREADS" "$2" 2>"$WORK/$1.log" &
     SERVER_PID=$!
     wait_socket "$1" "$SOCK"
 }
@@ -96,17 +104,18 @@ QDS=${QDS:-"1 32"}
 SERVERS=${SERVERS:-"plain ec ec-deg"}
 
 run_server() { # $1 medium, $2 server, $3 repeat
-    local med=$1 srv=$2 rep=$3 spec name=$1-$2
+    local med=$1 srv=$2 rep=$3 spec name=$1-$2 bin=$IOLIFT
     case $srv in
         plain) if [[ $med == mem ]]; then spec="memory:$SIZE"; else spec="file:$WORK/plain.img,size=$SIZE"; fi ;;
         ec) spec=$(ec_spec "$med" 0) ;;
         ec-deg) spec=$(ec_spec "$med" 1) ;;
+        ec-b) spec=$(FILE_OPTS=${FILE_OPTS_B-${FILE_OPTS:-}} ec_spec "$med" 0); bin=${IOLIFT_B:-$IOLIFT} ;;
     esac
     if [[ $med == file ]]; then
         rm -f "$WORK"/plain.img
         [[ $srv == ec-deg ]] || rm -f "$WORK"/c*.img
     fi
-    start "$name" "$spec"
+    start "$name" "$spec" "$bin"
     [[ $srv == ec-deg && $med == file ]] || fill
     local j rw bs qd
     for j in $JOBS; do
@@ -117,7 +126,7 @@ run_server() { # $1 medium, $2 server, $3 repeat
     done
     echo "$(peak_kib "$SERVER_PID")" >>"$WORK/$name.rss"
     stop_server
-    if [[ $med == file && $srv == ec ]]; then
+    if [[ $med == file && ( $srv == ec || $srv == ec-b ) ]]; then
         rm -f "$WORK"/c1.img "$WORK"/c4.img # the next ec-deg run starts degraded
     fi
 }
@@ -166,7 +175,16 @@ for m in media:
             t1.append((f"{m} {j}", e / p))
         if "read" in j:
             t2.append((f"{m} {j}", d / e))
-    for s in ("plain", "ec", "ec-deg"):
+    if glob.glob(f"{work}/{m}-ec-b.*.json"):
+        print(f"A/B {m}-backed: ec (A) against ec-b (B), median MB/s and server CPU seconds per GB")
+        print(f"{'job':20} {'A':>8} {'B':>8} {'B/A':>6} {'A/plain':>8} {'B/plain':>8}   {'cpu A':>6} {'B':>6} {'B/A':>6}")
+        for j in jobs:
+            if not glob.glob(f"{work}/{m}-ec-b.{j}.r*.json"):
+                continue
+            p, a, b = (med(f"{m}-{s}", j, 0) for s in ("plain", "ec", "ec-b"))
+            ca, cb = (med(f"{m}-{s}", j, 1) for s in ("ec", "ec-b"))
+            print(f"{j:20} {a:8.1f} {b:8.1f} {b/a:6.2f} {a/p:8.2f} {b/p:8.2f}   {ca:6.2f} {cb:6.2f} {cb/ca:6.2f}")
+    for s in ("plain", "ec", "ec-b", "ec-deg"):
         f = f"{work}/{m}-{s}.rss"
         if os.path.exists(f):
             v = [int(x) for x in open(f).read().split()]

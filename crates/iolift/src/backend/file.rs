@@ -1,4 +1,4 @@
-//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll][,rings=N][,inline_us=N]`:
+//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll][,rings=N][,inline_us=N][,inline_all]`:
 //! a regular file or a block device.
 //!
 //! A missing regular file is created sparse with `size`; an existing one is
@@ -14,7 +14,11 @@
 //! at least `inline_us`; `backend/alone.rs`) runs on the thread that read
 //! it off the connection instead: at queue depth 1 that saves the hop to a
 //! pool thread and the wake-up back, and the NBD front-end answers it in
-//! the same write as any other reply it has ready.
+//! the same write as any other reply it has ready. With `inline_all`,
+//! every request given through `submit_cb` runs on the calling thread:
+//! for callers that bring their own threads (the `ec` device writes its
+//! file children from a few blocking-pool threads of its own, several
+//! children per thread, instead of one pool hop per child write).
 
 use super::alone::{Alone, Leave};
 use super::{BackendSpec, Kind, OptHelp};
@@ -38,6 +42,8 @@ pub struct FileDev {
     uring: Option<super::file_uring::UringFile>,
     /// engine=threads: whether a request is alone (run it inline).
     alone: Arc<Alone>,
+    /// engine=threads: `submit_cb` always runs on the calling thread.
+    inline_all: bool,
 }
 
 struct FileInner {
@@ -92,6 +98,12 @@ pub const OPTIONS: &[OptHelp] = &[
         default: "10",
         help: "with engine=threads: a request alone on the device (nothing else in flight, idle at least this many us) runs on the thread that read it instead of the pool; 0: never",
     },
+    OptHelp {
+        name: "inline_all",
+        kind: Kind::Flag,
+        default: "off",
+        help: "with engine=threads: every request given through submit_cb runs on the calling thread (for callers with threads of their own, as the ec device's child writers)",
+    },
 ];
 
 const ENGINES: &[&str] = &["threads", "uring"];
@@ -110,6 +122,8 @@ pub struct FileConfig {
     /// engine=threads: the idle time before a lone request runs inline
     /// (None: never).
     pub inline_gap: Option<Duration>,
+    /// engine=threads: `submit_cb` always runs on the calling thread.
+    pub inline_all: bool,
 }
 
 pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
@@ -136,6 +150,10 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
     if s.opts.get("inline_us").is_some() && uring {
         return Err(s.opts.err("inline_us", "needs engine=threads"));
     }
+    let inline_all = s.opts.flag("inline_all")?;
+    if inline_all && uring {
+        return Err(s.opts.err("inline_all", "needs engine=threads"));
+    }
     if inline_us > 1_000_000 {
         return Err(s
             .opts
@@ -150,6 +168,7 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
         sqpoll,
         rings: rings as usize,
         inline_gap: (inline_us > 0).then(|| Duration::from_micros(inline_us)),
+        inline_all,
     })
 }
 
@@ -157,6 +176,7 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
     let c = parse(s)?;
     let mut dev = FileDev::open(&c.path, c.size, c.direct, c.read_only)?;
     dev.alone = Arc::new(Alone::new(c.inline_gap));
+    dev.inline_all = c.inline_all;
     if c.uring {
         dev.uring = Some(super::file_uring::UringFile::open(
             &c.path,
@@ -181,6 +201,7 @@ impl FileDev {
             inner: Arc::new(FileInner::open(path, size, direct, read_only)?),
             uring: None,
             alone: Arc::new(Alone::new(Some(Duration::from_micros(INLINE_US)))),
+            inline_all: false,
         })
     }
 }
@@ -302,6 +323,11 @@ impl FileInner {
             let (a_off, a_len, skip) = align(offset, len);
             let mut buf = AlignedBuf::new(a_len);
             let n = read_full(&self.file, buf.as_mut(), a_off)?;
+            if skip == 0 && a_len == len {
+                // aligned: the bounce buffer is the answer (past a short
+                // read it holds the allocation's zeroes)
+                return Ok(Bytes::from_owner(buf));
+            }
             let mut out = BytesMut::zeroed(len);
             let avail = n.saturating_sub(skip).min(len);
             out[..avail].copy_from_slice(&buf.as_mut()[skip..skip + avail]);
@@ -315,12 +341,23 @@ impl FileInner {
     fn pwrite(&self, offset: u64, data: &[u8]) -> Result<(), Errno> {
         if self.direct {
             let (a_off, a_len, skip) = align(offset, data.len());
-            let mut buf = AlignedBuf::new(a_len);
-            if skip != 0 || a_len != data.len() {
-                // Read-modify-write of the partial edge blocks.
-                read_full(&self.file, buf.as_mut(), a_off)?;
+            let whole = skip == 0 && a_len == data.len();
+            if whole && (data.as_ptr() as usize).is_multiple_of(ALIGN) {
+                // aligned in the file and in memory: no bounce buffer
+                return self.file.write_all_at(data, offset).map_err(Errno::from);
             }
-            buf.as_mut()[skip..skip + data.len()].copy_from_slice(data);
+            let mut buf = if whole {
+                // every byte is overwritten below: no zeroing
+                AlignedBuf::filled(data)
+            } else {
+                // Read-modify-write of the partial edge blocks.
+                let mut b = AlignedBuf::new(a_len);
+                read_full(&self.file, b.as_mut(), a_off)?;
+                b
+            };
+            if !whole {
+                buf.as_mut()[skip..skip + data.len()].copy_from_slice(data);
+            }
             return self
                 .file
                 .write_all_at(buf.as_mut(), a_off)
@@ -480,7 +517,35 @@ struct AlignedBuf {
     len: usize,
 }
 
+// SAFETY: the buffer is owned (no other handle to the allocation).
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for AlignedBuf {}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: ptr is valid and initialised for len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 impl AlignedBuf {
+    /// A copy of `data` (whose length is a multiple of [`ALIGN`]), with
+    /// no zeroing first.
+    fn filled(data: &[u8]) -> Self {
+        let len = data.len();
+        let layout = std::alloc::Layout::from_size_align(len.max(ALIGN), ALIGN).expect("layout");
+        // SAFETY: non-zero size layout.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: ptr is valid for len bytes (len <= the layout's size)
+        // and does not overlap data; every byte of [0, len) is written.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, len) };
+        AlignedBuf { ptr, len }
+    }
+
     fn new(len: usize) -> Self {
         let layout = std::alloc::Layout::from_size_align(len.max(ALIGN), ALIGN).expect("layout");
         // SAFETY: non-zero size layout.
@@ -543,9 +608,10 @@ impl BlockDev for FileDev {
 
     /// With engine=uring, completions call back from the engine's thread;
     /// with engine=threads, from the pool's or, for a request alone on the
-    /// device, from the caller's before `submit_cb` returns.
+    /// device (every request with `inline_all`), from the caller's before
+    /// `submit_cb` returns.
     fn native_callbacks(&self) -> bool {
-        self.uring.is_some() || self.alone.enabled()
+        self.uring.is_some() || self.alone.enabled() || self.inline_all
     }
 
     fn submit_cb(&self, req: Request, cb: crate::block::Callback) {
@@ -558,8 +624,9 @@ impl BlockDev for FileDev {
             }
             return;
         }
-        if self.alone.enter(Instant::now()) {
-            // alone: on this thread, no hop to the pool and back
+        if self.alone.enter(Instant::now()) || self.inline_all {
+            // alone (or inline_all): on this thread, no hop to the pool
+            // and back
             let r = self.inner.run(req);
             self.alone.leave();
             return cb(r);
@@ -592,86 +659,5 @@ impl FileDev {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::block::{Completion, Flags};
-    use std::thread::ThreadId;
-
-    /// Submits through `submit_cb`; the completion and the thread that
-    /// called back.
-    async fn call(dev: &DevRef, req: Request) -> (Completion, ThreadId) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        dev.submit_cb(
-            req,
-            Box::new(move |c| drop(tx.send((c, std::thread::current().id())))),
-        );
-        rx.await.unwrap()
-    }
-
-    #[test]
-    fn inline_us_is_checked() {
-        let d = tempfile::tempdir().unwrap();
-        let f = d.path().join("a.img");
-        let f = f.display();
-        for (s, want) in [
-            (
-                format!("file:{f},size=1M,engine=uring,inline_us=5"),
-                "needs engine=threads",
-            ),
-            (format!("file:{f},size=1M,inline_us=2000000"), "inline_us"),
-            (format!("file:{f},size=1M,inline_us=x"), "inline_us"),
-        ] {
-            let e = format!("{:#}", crate::backend::check_spec(&s).unwrap_err());
-            assert!(e.contains(want), "{s}: {e}");
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_lone_request_runs_on_the_callers_thread() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("a.img");
-        // a long gap (100 ms), so that a test thread descheduled between
-        // two requests cannot make the second one look alone
-        let spec = format!("file:{},size=1M,direct,inline_us=100000", p.display());
-        let dev = crate::backend::open(&spec).unwrap();
-        let idle = Duration::from_millis(150);
-        assert!(dev.native_callbacks(), "inline needs native callbacks");
-        let me = std::thread::current().id();
-        let data = Bytes::from((0..8192u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
-        tokio::time::sleep(idle).await;
-        let w = Request::Write {
-            offset: 8192,
-            data: data.clone(),
-            flags: Flags::default(),
-        };
-        let (r, t) = call(&dev, w).await;
-        assert!(matches!(r, Ok(Reply::Done(8192))), "{r:?}");
-        assert_eq!(t, me, "an idle device runs a lone request inline");
-        // right after the answer: not alone, so on the pool, and the
-        // device stays off the inline path for DEPTH_HOLD
-        let rd = || Request::Read {
-            offset: 8192,
-            len: 8192,
-        };
-        for _ in 0..2 {
-            let (r, t) = call(&dev, rd()).await;
-            assert!(matches!(&r, Ok(Reply::Data(b)) if *b == data), "{r:?}");
-            assert_ne!(t, me, "a request right after an answer is not alone");
-        }
-        tokio::time::sleep(idle).await;
-        let (r, t) = call(&dev, rd()).await;
-        assert!(matches!(&r, Ok(Reply::Data(b)) if *b == data), "{r:?}");
-        assert_eq!(t, me, "idle again: inline again");
-        // many at once, mixed: every one answered with the right bytes
-        let futs: Vec<_> = (0..16).map(|_| dev.submit(rd())).collect();
-        for f in futs {
-            assert!(matches!(f.await, Ok(Reply::Data(b)) if b == data));
-        }
-        // inline_us=0: never inline, and then no native callbacks
-        let off = crate::backend::open(&format!("file:{},inline_us=0", p.display())).unwrap();
-        assert!(!off.native_callbacks());
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let (r, _) = call(&off, rd()).await;
-        assert!(matches!(&r, Ok(Reply::Data(b)) if *b == data), "{r:?}");
-    }
-}
+#[path = "file_tests.rs"]
+mod tests;

@@ -68,8 +68,27 @@ impl ChildSpec {
         crate::backend::check_spec(&self.backend)
     }
 
+    /// Whether the child is a `file:` backend with no stages on the
+    /// thread-pool engine: it is opened with `inline_all`, so that
+    /// `submit_cb` writes it on the calling thread, and the device writes
+    /// it from threads of its own (io.rs, `Inner::child_writes`).
+    pub fn on_caller(&self) -> bool {
+        if !self.stages.is_empty() {
+            return false;
+        }
+        match crate::backend::BackendSpec::parse(&self.backend) {
+            Ok(s) => s.kind == "file" && s.opts.get("engine").is_none_or(|e| e == "threads"),
+            Err(_) => false,
+        }
+    }
+
     /// Opens the backend and stacks the stages on it.
     pub fn open(&self) -> Result<DevRef> {
+        let given = crate::backend::BackendSpec::parse(&self.backend)
+            .is_ok_and(|s| s.opts.get("inline_all").is_some());
+        if self.on_caller() && !given {
+            return crate::backend::open(&format!("{},inline_all", self.backend));
+        }
         let dev = crate::backend::open(&self.backend)?;
         if self.stages.is_empty() {
             return Ok(dev);

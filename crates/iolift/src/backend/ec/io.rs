@@ -2,11 +2,71 @@
 //! marked failed, the mark is written to every other child's superblock,
 //! and the device goes on without it (up to m such children).
 
+use super::join::{join_all, Fut};
 use super::layout::{Found, Super};
 use super::{Inner, FAILED, HEALTHY, REBUILDING};
-use crate::block::{BlockDevExt, Errno, Flags, Reply, Request};
+use crate::block::{BlockDevExt, DevRef, Errno, Flags, Reply, Request};
 use bytes::Bytes;
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+
+thread_local! {
+    /// Set while this thread runs a background writer ([`writer_thread`]).
+    static WRITER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (a background writer, on a blocking-pool thread of its own)
+/// marked as such: [`Inner::child_writes`] then writes one group of file
+/// children on this thread, which would otherwise only wait for them.
+pub fn writer_thread<T>(f: impl FnOnce() -> T) -> T {
+    struct Unmark;
+    impl Drop for Unmark {
+        fn drop(&mut self) {
+            WRITER.with(|w| w.set(false));
+        }
+    }
+    WRITER.with(|w| w.set(true));
+    let _u = Unmark;
+    f()
+}
+
+/// One child write given to [`Inner::child_writes`]: (child, offset, bytes).
+pub type ChildWrite = (usize, u64, Bytes);
+
+/// A write in a group: (index in the batch, child, device, offset, bytes).
+type Item = (usize, usize, DevRef, u64, Bytes);
+
+/// What became of writes: (index in the batch, child, result).
+type Done = Vec<(usize, usize, Result<(), Errno>)>;
+
+/// Threads the writes of `on_caller` children are spread over: as many
+/// as the machine has cores (more could not run at once).
+fn groups() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
+
+/// A group's writes, one after another on this (blocking-pool) thread:
+/// each child was opened with `inline_all`, so `submit_cb` runs the
+/// write here and calls back before it returns. (index, child, result).
+fn write_here(items: Vec<Item>) -> Done {
+    items
+        .into_iter()
+        .map(|(i, c, dev, offset, data)| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let req = Request::Write {
+                offset,
+                data,
+                flags: Flags::NONE,
+            };
+            dev.submit_cb(req, Box::new(move |r| drop(tx.send(r))));
+            // at once (inline_all); were it ever handed on, this waits
+            let r = rx.recv().unwrap_or(Err(Errno::EIO));
+            (i, c, r.map(drop))
+        })
+        .collect()
+}
 
 impl Inner {
     /// Reads from child `c`; an error marks it failed.
@@ -40,6 +100,64 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// Writes `writes` at once; their results in the same order, a
+    /// failure marking its child failed (as [`Inner::child_write`]). The
+    /// writes of `on_caller` children (plain files) go to at most
+    /// [`groups`] blocking-pool threads, each writing its children's
+    /// writes one after another (a child's writes in one group, in
+    /// order): one thread hop per group, not per write, while the groups
+    /// still write in parallel. On a background writer's thread
+    /// ([`writer_thread`]) the last group is written on that thread
+    /// (after the others were handed on). Other children are written
+    /// through their `write`, concurrently.
+    pub async fn child_writes(&self, writes: Vec<ChildWrite>) -> Vec<Result<(), Errno>> {
+        let n = writes.len();
+        self.metrics
+            .child_writes
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let g = groups().min(n).max(1);
+        let mut group: Vec<Vec<Item>> = (0..g).map(|_| Vec::new()).collect();
+        let mut futs: Vec<Fut<'_, Done>> = Vec::new();
+        for (i, (c, off, data)) in writes.into_iter().enumerate() {
+            match &self.children[c].dev {
+                Some(dev) if self.children[c].on_caller => {
+                    group[c % g].push((i, c, dev.clone(), off, data));
+                }
+                Some(dev) => {
+                    let f = dev.write(off, data, Flags::NONE);
+                    futs.push(Box::pin(async move { vec![(i, c, f.await.map(drop))] }));
+                }
+                None => futs.push(Box::pin(async move { vec![(i, c, Err(Errno::EIO))] })),
+            }
+        }
+        let mut group: Vec<_> = group.into_iter().filter(|v| !v.is_empty()).collect();
+        let here = if WRITER.with(|w| w.get()) {
+            group.pop()
+        } else {
+            None
+        };
+        for items in group {
+            let fall: Vec<(usize, usize)> = items.iter().map(|w| (w.0, w.1)).collect();
+            let h = tokio::task::spawn_blocking(move || write_here(items));
+            futs.push(Box::pin(async move {
+                h.await.unwrap_or_else(|_| {
+                    fall.into_iter()
+                        .map(|(i, c)| (i, c, Err(Errno::EIO)))
+                        .collect()
+                })
+            }));
+        }
+        let mine = here.map(write_here).unwrap_or_default();
+        let mut out: Vec<Result<(), Errno>> = vec![Ok(()); n];
+        for (i, c, r) in join_all(futs).await.into_iter().flatten().chain(mine) {
+            if let Err(e) = r {
+                self.fail(c, &format!("write error {e:?}")).await;
+            }
+            out[i] = r;
+        }
+        out
     }
 
     /// Flushes child `c`; an error marks it failed.
@@ -158,5 +276,92 @@ impl Inner {
             .await
             .ok()
             .map(|b| Super::decode(&b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{files, open_ec, rnd, spec};
+    use super::super::FAILED;
+    use crate::block::{BlockDevExt, Flags};
+    use bytes::Bytes;
+
+    /// File children are opened on the caller and written in groups
+    /// (`child_writes`): writes of every shape land at their chunks'
+    /// places in the child files, with and without the journal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn grouped_file_child_writes_land_at_their_chunks() {
+        for opts in [
+            "chunk=16K,slots=8",
+            "chunk=16K,slots=8,consistency=journal,wb=0",
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = spec(&files(dir.path(), 6, "4M"), &format!("{opts},rebuild=off"));
+            let (d, inner) = open_ec(&s);
+            assert!(inner.children.iter().all(|c| c.on_caller), "{opts}");
+            let data = rnd(7, 1 << 20);
+            // a run of whole stripes, half stripes, an unaligned piece
+            d.write(0, Bytes::copy_from_slice(&data[..256 << 10]), Flags::NONE)
+                .await
+                .unwrap();
+            for i in 0..8 {
+                let (a, b) = (
+                    (256 << 10) + i * (32 << 10),
+                    (256 << 10) + (i + 1) * (32 << 10),
+                );
+                d.write(a as u64, Bytes::copy_from_slice(&data[a..b]), Flags::NONE)
+                    .await
+                    .unwrap();
+            }
+            let (a, b) = (512 << 10, (1 << 20) - 1000);
+            d.write(a as u64, Bytes::copy_from_slice(&data[a..b]), Flags::NONE)
+                .await
+                .unwrap();
+            d.flush().await.unwrap();
+            let want = &data[..b];
+            assert_eq!(&d.read(0, b as u32).await.unwrap()[..], want, "{opts}");
+            // the child files hold every data chunk where the layout says
+            let (k, chunk) = (inner.geo.k, inner.geo.chunk as usize);
+            let kids: Vec<Vec<u8>> = (0..6)
+                .map(|c| std::fs::read(dir.path().join(format!("s{c}.img"))).unwrap())
+                .collect();
+            for (i, piece) in want.chunks(chunk).enumerate() {
+                let (s, c) = ((i / k) as u64, i % k);
+                let at = inner.geo.chunk_off(s) as usize;
+                assert_eq!(
+                    &kids[c][at..at + piece.len()],
+                    piece,
+                    "{opts}: stripe {s} chunk {c}"
+                );
+            }
+            let chk = super::super::rebuild::check(&inner, &|_| {}).await;
+            assert_eq!((chk.inconsistent, chk.crc_errors), (0, 0), "{opts}: {chk}");
+            d.close().await.unwrap();
+        }
+    }
+
+    /// A write that fails in a group marks its child failed; the others'
+    /// results come back in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_grouped_write_fails_its_child_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(&files(dir.path(), 6, "4M"), "chunk=16K,slots=8,rebuild=off");
+        let (d, inner) = open_ec(&s);
+        let b = Bytes::from(vec![0xa5u8; 4096]);
+        let at = inner.geo.chunk_off(3);
+        // child 4's write lies past its end: refused by the file backend
+        let writes = (0..6)
+            .map(|c| (c, if c == 4 { 1 << 40 } else { at }, b.clone()))
+            .collect();
+        let r = inner.child_writes(writes).await;
+        assert_eq!(
+            r.iter().map(|r| r.is_ok()).collect::<Vec<_>>(),
+            [true, true, true, true, false, true]
+        );
+        assert_eq!(inner.state(4), FAILED);
+        assert!((0..6).filter(|&c| c != 4).all(|c| inner.readable(c)));
+        let f = std::fs::read(dir.path().join("s2.img")).unwrap();
+        assert_eq!(&f[at as usize..at as usize + 4096], &b[..]);
+        d.close().await.unwrap();
     }
 }

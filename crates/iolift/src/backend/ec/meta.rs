@@ -13,10 +13,8 @@
 //! `consistency=journal`) crcs are written with each update as before:
 //! nothing would resync them.
 
-use super::join::{join_all, Fut};
 use super::layout::BLOCK;
 use super::Inner;
-use crate::block::Errno;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -122,7 +120,7 @@ impl Inner {
             return;
         }
         let per = self.crcs.first().map_or(0, |t| t.len() as u64);
-        let mut futs: Vec<Fut<'_, Result<(), Errno>>> = Vec::new();
+        let mut writes = Vec::new();
         for c in 0..self.n() {
             let runs = self.meta_dirty.take(c);
             if !self.writable(c) {
@@ -139,9 +137,9 @@ impl Inner {
                     b.extend_from_slice(&v.to_le_bytes());
                 }
                 let off = self.geo.meta_base() + p * BLOCK;
-                futs.push(Box::pin(self.child_write(c, off, Bytes::from(b))));
+                writes.push((c, off, Bytes::from(b)));
             }
         }
-        join_all(futs).await;
+        self.child_writes(writes).await;
     }
 }

@@ -58,6 +58,7 @@ async fn assemble(cfg: Config) -> Result<Arc<Inner>> {
             label: c.show(),
             gather: !memory,
             adopt: memory && cfg.geo.chunk == PAGE_BYTES,
+            on_caller: c.on_caller(),
         });
     }
     let codec = Arc::new(

@@ -235,27 +235,29 @@ impl Inner {
         for i in 0..n as u64 {
             self.intent_begin(first + i).await;
         }
+        // every child's writes at once (io.rs: file children from a few
+        // threads), then the crcs of the children whose writes all landed
+        let mut all = Vec::new();
+        let mut of = Vec::new();
+        for (i, &c) in parts.iter().enumerate() {
+            let mut at = self.geo.chunk_off(first);
+            for b in std::mem::take(&mut writes[c]) {
+                let len = b.len() as u64;
+                all.push((c, at, b));
+                of.push(i);
+                at += len;
+            }
+        }
+        let mut ok = vec![true; parts.len()];
+        for (i, r) in of.into_iter().zip(self.child_writes(all).await) {
+            ok[i] &= r.is_ok();
+        }
         let futs: Vec<Fut<'_, ()>> = parts
             .iter()
             .zip(&sums)
-            .map(|(&c, sum)| {
-                let writes = std::mem::take(&mut writes[c]);
-                Box::pin(async move {
-                    let off = self.geo.chunk_off(first);
-                    let mut at = 0;
-                    let futs: Vec<Fut<'_, Result<(), Errno>>> = writes
-                        .into_iter()
-                        .map(|b| {
-                            let o = off + at;
-                            at += b.len() as u64;
-                            Box::pin(self.child_write(c, o, b)) as Fut<'_, _>
-                        })
-                        .collect();
-                    if join_all(futs).await.iter().all(|r| r.is_ok()) {
-                        self.defer_meta(c, first, 0, sum).await;
-                    }
-                }) as Fut<'_, ()>
-            })
+            .zip(ok)
+            .filter(|(_, ok)| *ok)
+            .map(|((&c, sum), _)| Box::pin(self.defer_meta(c, first, 0, sum)) as Fut<'_, ()>)
             .collect();
         join_all(futs).await;
         for i in 0..n as u64 {

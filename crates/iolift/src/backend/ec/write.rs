@@ -130,7 +130,9 @@ impl Inner {
                     // takes it (with ready neighbours, as one run)
                     if self.wb.start_writer() {
                         let (me, rt) = (self.clone(), tokio::runtime::Handle::current());
-                        tokio::task::spawn_blocking(move || rt.block_on(me.background_writer()));
+                        tokio::task::spawn_blocking(move || {
+                            super::io::writer_thread(|| rt.block_on(me.background_writer()))
+                        });
                     }
                     return Ok(());
                 }
@@ -287,7 +289,7 @@ impl Inner {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mask = parts.iter().fold(0u64, |a, &c| a | (1 << c));
         let uuid = self.sb.lock().await.uuid;
-        let futs: Vec<Fut<'_, Result<(), Errno>>> = parts
+        let recs = parts
             .iter()
             .zip(sums)
             .map(|(&c, sum)| {
@@ -303,11 +305,10 @@ impl Inner {
                 let mut rec = BytesMut::with_capacity(super::BLOCK as usize + len);
                 rec.extend_from_slice(&h.encode());
                 rec.extend_from_slice(&cols(c));
-                let off = self.geo.slot_off(slot);
-                Box::pin(self.child_write(c, off, rec.freeze())) as Fut<'_, Result<(), Errno>>
+                (c, self.geo.slot_off(slot), rec.freeze())
             })
             .collect();
-        join_all(futs).await;
+        self.child_writes(recs).await;
         self.check_alive()?;
         if self.barrier {
             let futs: Vec<Fut<'_, Result<(), Errno>>> = parts
@@ -332,23 +333,28 @@ impl Inner {
         cols: &(dyn Fn(usize) -> Bytes + Sync),
         defer: bool,
     ) {
-        let futs: Vec<Fut<'_, ()>> = parts
+        // the columns of every child at once (io.rs: file children from a
+        // few threads), then the crcs of those that took them
+        let to: Vec<(usize, &Vec<u32>)> = parts
             .iter()
             .zip(sums)
             .filter(|(&c, _)| self.writable(c))
-            .map(|(&c, sum)| {
-                let data = cols(c);
+            .map(|(&c, sum)| (c, sum))
+            .collect();
+        let at = self.geo.chunk_off(s) + lo;
+        let res = self
+            .child_writes(to.iter().map(|&(c, _)| (c, at, cols(c))).collect())
+            .await;
+        let futs: Vec<Fut<'_, ()>> = to
+            .into_iter()
+            .zip(res)
+            .filter(|(_, r)| r.is_ok())
+            .map(|((c, sum), _)| {
                 Box::pin(async move {
-                    if self
-                        .child_write(c, self.geo.chunk_off(s) + lo, data)
-                        .await
-                        .is_ok()
-                    {
-                        if defer {
-                            self.defer_meta(c, s, lo, sum).await;
-                        } else {
-                            self.write_meta(c, s, lo, sum).await;
-                        }
+                    if defer {
+                        self.defer_meta(c, s, lo, sum).await;
+                    } else {
+                        self.write_meta(c, s, lo, sum).await;
                     }
                 }) as Fut<'_, ()>
             })
