@@ -7,13 +7,16 @@
 //!   sync with [`SyncMode::Soft`]);
 //! - [`posix`]: [`PosixSyncEnv`], the engine's own POSIX environment with
 //!   a sync that is fdatasync(2) (for comparisons of equal durability);
-//! - [`bench`]: db_bench's workloads and report lines.
+//! - [`bench`]: db_bench's workloads and report lines;
+//! - [`logcheck`]: the write-ahead logs checked before a database opens
+//!   (the engine drops a damaged log's tail without a word).
 //!
 //! See docs/kv.md.
 
 pub mod bench;
 pub mod env;
 mod handle;
+pub mod logcheck;
 pub mod posix;
 mod sync;
 

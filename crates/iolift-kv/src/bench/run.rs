@@ -169,6 +169,7 @@ fn open(opt: &Options, db: &Path, fresh: bool) -> Result<DB, String> {
             .rmdir(db)
             .map_err(|e| format!("removing the old database: {e}"))?;
     }
+    crate::logcheck::check_logs(opt.env.as_ref().as_ref(), db)?;
     DB::open(db, opt.clone()).map_err(|e| format!("opening the database: {e}"))
 }
 

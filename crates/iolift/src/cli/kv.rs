@@ -322,6 +322,8 @@ pub fn run(a: KvArgs) -> Result<ExitCode> {
         Sub::Dump(s) => {
             let store = open_store(&s)?;
             {
+                iolift_kv::logcheck::check_logs(store.opt.env.as_ref().as_ref(), &store.db)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let mut db = DB::open(&store.db, store.opt.clone())
                     .map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
                 let mut it = db
