@@ -36,10 +36,16 @@
 //!   with poll(2) when nothing is in flight, and a flush runs as fdatasync(2)
 //!   on the engine's thread (after the writes that completed before it).
 //!
+//! The thread reaps every completion the ring holds, then runs their
+//! callbacks inside [`batch::run`]: a callback may put work off until the
+//! batch's last callback has run (a caller answering requests over a
+//! socket writes all of one batch's replies to a client in one call).
+//!
 //! A flush completes after every write that completed before it was
 //! submitted is on stable storage (IORING_OP_FSYNC with DATASYNC): callers
 //! that need a write ordered before a flush wait for the write first.
 
+pub mod batch;
 mod inline;
 mod stats;
 
@@ -655,19 +661,23 @@ impl Worker {
             }
             cqes.clear();
             cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-            for &(ud, res) in &cqes {
-                if ud == WAKE {
-                    wake_armed = false;
-                    self.shared.drain_efd();
-                    continue;
+            // Callbacks may put work off until the whole batch is answered
+            // (`batch`: one socket write for several replies).
+            batch::run(|| {
+                for &(ud, res) in &cqes {
+                    if ud == WAKE {
+                        wake_armed = false;
+                        self.shared.drain_efd();
+                        continue;
+                    }
+                    let f = slots[ud as usize]
+                        .take()
+                        .expect("completion of a free slot");
+                    free.push(ud as usize);
+                    in_flight -= 1;
+                    self.complete(f.cb, res, f.buf);
                 }
-                let f = slots[ud as usize]
-                    .take()
-                    .expect("completion of a free slot");
-                free.push(ud as usize);
-                in_flight -= 1;
-                self.complete(f.cb, res, f.buf);
-            }
+            });
         }
     }
 
