@@ -49,7 +49,7 @@ use super::poll_stats::ConnPollMetrics;
 use super::proto::*;
 use super::recv::{self, RecvBuf};
 use super::reply::{
-    encode, out_write, reply_now, writer, Done, Out, ReplyWriter, BATCH_LIMIT, COPY_LIMIT,
+    encode, out_write, reply_now, writer, Done, Out, ReplyWriter, Staged, BATCH_LIMIT, COPY_LIMIT,
 };
 use super::wire::{self, Action};
 use super::Server;
@@ -100,6 +100,7 @@ pub(super) async fn transmission<R, W>(
     // Requests that do not complete at once: answered from the device's
     // own completion thread if it has one, else by the writer task.
     let native = dev.native_callbacks();
+    let staged = Staged::default();
     let rt = tokio::runtime::Handle::current();
     let peer_arc: Arc<str> = peer.as_str().into();
     // Requests parsed since the reader last ran out of buffered input. One
@@ -244,12 +245,12 @@ pub(super) async fn transmission<R, W>(
         };
         if native {
             let (out, tx, rt, peer) = (out.clone(), tx.clone(), rt.clone(), peer_arc.clone());
-            let structured = s.structured;
+            let (structured, staged) = (s.structured, staged.clone());
             dev.submit_cb(
                 req,
                 Box::new(move |c| {
                     done.result = c;
-                    reply_now(out, done, structured, tx, &rt, peer);
+                    reply_now(out, done, structured, tx, &rt, peer, &staged);
                 }),
             );
             continue;

@@ -23,7 +23,10 @@
 //!   write ([`ReplyWriter::try_write_now`]) if the socket is free, a task
 //!   to finish what the socket did not take, or, when another reply is
 //!   being written, a hop to the writer task. This saves a wake-up of a
-//!   runtime worker per request.
+//!   runtime worker per request. On an io_uring engine's thread (qcow2
+//!   hits at depth) the replies of one reaped batch of completions are
+//!   staged per connection and written together after the batch
+//!   ([`Staged`]).
 //!
 //! Assumes each reply is written whole under the lock, so replies never
 //! interleave on the wire.
@@ -32,6 +35,7 @@ use super::proto::*;
 use super::wire;
 use crate::block::{Completion, Errno, Reply};
 use bytes::{Bytes, BytesMut};
+use iolift_direct::engine::batch;
 use std::io::IoSlice;
 use std::sync::Arc;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -166,10 +170,23 @@ impl<W: AsyncWrite + Unpin> Out<W> {
     }
 }
 
+/// Replies encoded by completion callbacks that run inside one batch of
+/// an io_uring engine's thread (`iolift_direct::engine::batch`), waiting
+/// to be written together when the batch's callbacks are done: one per
+/// connection. Never holds more than one batch's replies (at most a ring's
+/// worth, each at most [`COPY_LIMIT`] of data and its header).
+pub(super) type Staged = Arc<std::sync::Mutex<BytesMut>>;
+
 /// Sends one reply from the calling thread (any thread) if the socket is
 /// free and takes it; a reply the socket only partly takes is finished by
 /// a task that keeps the socket locked meanwhile. If another reply is
 /// being written, this one goes to the writer task instead.
+///
+/// On an engine thread answering a batch of completions, a reply without
+/// large data is encoded into the connection's `staged` buffer instead,
+/// and the first such reply of the batch has the buffer written when the
+/// batch's callbacks are done ([`flush_staged`]): one system call for every
+/// reply of the batch to this connection, and one wake-up of the client.
 pub(super) fn reply_now<W: ReplyWriter>(
     out: Arc<Mutex<Out<W>>>,
     d: Done,
@@ -177,8 +194,29 @@ pub(super) fn reply_now<W: ReplyWriter>(
     tx: mpsc::UnboundedSender<Done>,
     rt: &tokio::runtime::Handle,
     peer: Arc<str>,
+    staged: &Staged,
 ) {
-    let mut g = match out.try_lock_owned() {
+    if batch::active() && batching() && !(d.kind == CMD_READ && d.len as usize > COPY_LIMIT) {
+        let first = {
+            let mut b = staged.lock().unwrap_or_else(|p| p.into_inner());
+            let first = b.is_empty();
+            let big = encode(&mut b, d, structured);
+            debug_assert!(big.is_none(), "small replies only");
+            first
+        };
+        if first {
+            // `tx` goes with the write: the writer task, and with it the
+            // connection, ends only once every sender is gone, so the
+            // socket is not shut down before the staged replies are out.
+            let (staged, rt) = (staged.clone(), rt.clone());
+            let flush: batch::Later = Box::new(move || flush_staged(out, &staged, &rt, peer, tx));
+            if let Err(flush) = batch::defer(flush) {
+                flush();
+            }
+        }
+        return;
+    }
+    let g = match out.try_lock_owned() {
         Ok(g) => g,
         Err(_) => {
             let _ = tx.send(d);
@@ -189,7 +227,59 @@ pub(super) fn reply_now<W: ReplyWriter>(
         return;
     }
     let mut buf = BytesMut::with_capacity(64 + (d.len as usize).min(COPY_LIMIT));
-    let mut big = encode(&mut buf, d, structured).unwrap_or_default();
+    let big = encode(&mut buf, d, structured).unwrap_or_default();
+    write_locked(g, buf, big, rt, peer);
+}
+
+/// Whether replies of one engine batch are staged and written together
+/// (see [`reply_now`]); `IOLIFT_REPLY_BATCH=0` in the server's environment
+/// writes each on its own instead, as before 2026-11-25 15:00 (for A/B
+/// runs of `bench/qcow2.sh` with one binary).
+fn batching() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("IOLIFT_REPLY_BATCH").map_or(true, |v| v != "0"))
+}
+
+/// Writes the replies staged for a connection during a batch (see
+/// [`reply_now`]), from this thread if the socket is free, else from a task
+/// that waits for it.
+fn flush_staged<W: ReplyWriter>(
+    out: Arc<Mutex<Out<W>>>,
+    staged: &Staged,
+    rt: &tokio::runtime::Handle,
+    peer: Arc<str>,
+    tx: mpsc::UnboundedSender<Done>,
+) {
+    let buf = staged.lock().unwrap_or_else(|p| p.into_inner()).split();
+    if buf.is_empty() {
+        return;
+    }
+    match out.clone().try_lock_owned() {
+        Ok(g) if g.failed => {}
+        Ok(g) => write_locked(g, buf, Bytes::new(), rt, peer),
+        Err(_) => {
+            // Another reply is being written: wait for the socket on a
+            // task (the rare case; each reply stays whole under the lock).
+            rt.spawn(async move {
+                let mut g = out.lock_owned().await;
+                if !g.failed {
+                    g.send(&buf, &[], &peer).await;
+                }
+                drop(tx);
+            });
+        }
+    }
+}
+
+/// Writes `buf` then `big` with the socket locked: as much as the socket
+/// takes now from this thread, the rest from a task that keeps it locked.
+fn write_locked<W: ReplyWriter>(
+    mut g: tokio::sync::OwnedMutexGuard<Out<W>>,
+    mut buf: BytesMut,
+    mut big: Bytes,
+    rt: &tokio::runtime::Handle,
+    peer: Arc<str>,
+) {
     let mut p = Pair { a: &buf, b: &big };
     while !p.is_empty() {
         match g.w.try_write_now(&p.slices()) {

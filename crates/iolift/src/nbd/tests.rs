@@ -1255,3 +1255,165 @@ async fn replies_from_device_threads() {
     ts.stop.send(true).unwrap();
     ts.task.await.unwrap();
 }
+
+/// Memory whose `submit_cb` holds every completion until the test hands
+/// them back, all in one batch, on a thread of the test's (as the io_uring
+/// engine's thread answers a reaped batch of completions).
+struct HeldDev {
+    mem: Arc<MemoryDev>,
+    held: Held,
+}
+
+type Held = Arc<std::sync::Mutex<Vec<(crate::block::Completion, crate::block::Callback)>>>;
+
+/// The `n` completions the device holds, once it holds that many.
+async fn take(held: &Held, n: usize) -> Vec<(crate::block::Completion, crate::block::Callback)> {
+    for _ in 0..2000 {
+        if held.lock().unwrap().len() == n {
+            return std::mem::take(&mut *held.lock().unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the server did not submit {n} requests");
+}
+
+impl crate::block::BlockDev for HeldDev {
+    fn info(&self) -> crate::block::DevInfo {
+        self.mem.info()
+    }
+    fn submit(&self, req: Request) -> crate::block::IoFuture {
+        self.mem.submit(req)
+    }
+    fn name(&self) -> String {
+        "held".into()
+    }
+    fn native_callbacks(&self) -> bool {
+        true
+    }
+    fn submit_cb(&self, req: Request, cb: crate::block::Callback) {
+        let mut f = self.mem.submit(req);
+        let c = crate::block::poll_once(&mut f).expect("memory completes at once");
+        self.held.lock().unwrap().push((c, cb));
+    }
+}
+
+/// Bytes waiting in the client's socket, without reading them.
+fn waiting(fd: std::os::fd::RawFd) -> usize {
+    let mut b = vec![0u8; 1 << 20];
+    // SAFETY: peeks into a local buffer of that length.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            b.as_mut_ptr().cast(),
+            b.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n.max(0) as usize
+}
+
+/// Replies of completions answered inside one engine batch
+/// (`iolift_direct::engine::batch`) reach the socket together once the
+/// batch's callbacks are done, none of them before; a reply completed
+/// outside a batch is written at once. Every reply is whole and right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_of_one_engine_batch_go_out_together() {
+    use std::os::fd::AsRawFd;
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let export = Export {
+        name: "".into(),
+        dev: Arc::new(HeldDev {
+            mem: Arc::new(MemoryDev::new(1 << 20)),
+            held: held.clone(),
+        }),
+        read_only: false,
+        description: "held".into(),
+    };
+    let ts = start(vec![export], None, ServerCfg::default()).await;
+    let (mut s, _, _) = connect(&ts.path, "", true).await;
+    let fd = s.as_raw_fd();
+    const N: u64 = 8;
+    const REPLY: usize = 20 + 8 + 4096; // chunk header, offset, data
+                                        // One read outside any batch: its reply is written at once.
+    s.write_all(&req_bytes(0, CMD_READ, 99, 0, 4096))
+        .await
+        .unwrap();
+    let one = take(&held, 1).await;
+    for (c, cb) in one {
+        cb(c);
+    }
+    assert_eq!(
+        waiting(fd),
+        REPLY,
+        "a reply outside a batch is written at once"
+    );
+    let (_, _, _, cookie, _) = any_reply(&mut s, Some(4096)).await;
+    assert_eq!(cookie, 99);
+    // N reads answered in one batch.
+    for i in 0..N {
+        s.write_all(&req_bytes(0, CMD_READ, i, i * 4096, 4096))
+            .await
+            .unwrap();
+    }
+    let batch = take(&held, N as usize).await;
+    let inside = tokio::task::spawn_blocking(move || {
+        iolift_direct::engine::batch::run(|| {
+            for (c, cb) in batch {
+                cb(c);
+            }
+            waiting(fd)
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(inside, 0, "a reply went out before the batch was done");
+    assert_eq!(
+        waiting(fd),
+        N as usize * REPLY,
+        "every reply after the batch"
+    );
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..N {
+        let (magic, flags, typ, cookie, d) = any_reply(&mut s, Some(4096)).await;
+        assert_eq!(magic, STRUCTURED_REPLY_MAGIC);
+        assert_eq!((flags, typ), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA));
+        assert_eq!(
+            u64::from_be_bytes(d[..8].try_into().unwrap()),
+            cookie * 4096
+        );
+        assert_eq!(d.len(), 8 + 4096);
+        assert!(seen.insert(cookie), "cookie {cookie} answered twice");
+    }
+    assert_eq!(seen.len(), N as usize);
+    // The client disconnects with N reads in flight: their staged replies
+    // still go out before the server closes the socket, however late the
+    // batch's deferred write runs.
+    for i in 0..N {
+        s.write_all(&req_bytes(0, CMD_READ, 100 + i, i * 4096, 4096))
+            .await
+            .unwrap();
+    }
+    s.write_all(&req_bytes(0, CMD_DISC, 0, 0, 0)).await.unwrap();
+    let batch = take(&held, N as usize).await;
+    tokio::task::spawn_blocking(move || {
+        iolift_direct::engine::batch::run(|| {
+            // deferred first, so it runs before the replies' write
+            let slow: iolift_direct::engine::batch::Later =
+                Box::new(|| std::thread::sleep(Duration::from_millis(200)));
+            assert!(iolift_direct::engine::batch::defer(slow).is_ok());
+            for (c, cb) in batch {
+                cb(c);
+            }
+        })
+    })
+    .await
+    .unwrap();
+    for _ in 0..N {
+        let (_, _, _, cookie, d) = any_reply(&mut s, Some(4096)).await;
+        assert!((100..100 + N).contains(&cookie), "cookie {cookie}");
+        assert_eq!(d.len(), 8 + 4096);
+    }
+    expect_eof(&mut s).await;
+    ts.stop.send(true).unwrap();
+    ts.task.await.unwrap();
+}
