@@ -182,6 +182,26 @@ impl Codec {
         }
     }
 
+    /// For each parity chunk, whether it is the XOR of the k data chunks
+    /// (its row of the coding matrix is all ones, as the first parity row
+    /// of the Reed-Solomon Vandermonde codes): a checksum that is linear
+    /// over XOR (the `ec` device's stored block crc) can then be derived
+    /// from the data chunks' checksums instead of computed. Only for
+    /// w = 8 techniques that encode byte by byte (false for the others).
+    pub fn xor_rows(&self) -> Vec<bool> {
+        let (k, m) = (self.profile.k, self.profile.m);
+        if self.wide.is_some() || self.profile.technique.is_bitmatrix() {
+            return vec![false; m];
+        }
+        (0..m)
+            .map(|j| {
+                self.gen.data[(k + j) * k..(k + j + 1) * k]
+                    .iter()
+                    .all(|&x| x == 1)
+            })
+            .collect()
+    }
+
     /// The kernel encoding runs on.
     pub fn kernel(&self) -> &'static str {
         self.encode_plan.kernel()
