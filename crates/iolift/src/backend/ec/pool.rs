@@ -13,7 +13,7 @@
 //! are kept; a buffer returned beyond that is freed. Buffers in use are
 //! bounded by the updates in flight (see docs/ec-device.md, Memory).
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use std::sync::{Arc, Mutex};
 
 pub struct Pool {
@@ -25,6 +25,11 @@ pub struct Pool {
 #[derive(Default)]
 struct Free {
     bufs: Vec<Vec<u8>>,
+    /// Pages (`memory:` children's old pages, each exactly one chunk),
+    /// kept as they came back: turning one into a `Vec` would move its
+    /// bytes (the bytes crate's `Vec::from` copies them to the start of
+    /// the allocation even when they are there: a 64 KiB memmove a page).
+    pages: Vec<BytesMut>,
     bytes: usize,
 }
 
@@ -115,34 +120,37 @@ impl Pool {
     /// (it adopts only a buffer that is exactly its allocation). One
     /// reclaimed from a child's old page where one is kept, else a new
     /// zeroed one.
-    pub fn page(&self, len: usize) -> Vec<u8> {
+    pub fn page(&self, len: usize) -> BytesMut {
         if len > 0 && self.budget > 0 {
             let mut st = self.st();
-            if let Some(i) = st
-                .bufs
-                .iter()
-                .rposition(|b| b.capacity() == len && b.len() == len)
-            {
-                let b = st.bufs.swap_remove(i);
-                st.bytes -= len;
-                return b;
+            if let Some(b) = st.pages.pop() {
+                st.bytes -= b.capacity();
+                if b.len() == len && b.capacity() == len {
+                    return b;
+                }
             }
         }
-        vec![0u8; len]
+        BytesMut::zeroed(len)
     }
 
-    /// Keeps the allocation of `b` (a `memory:` child's old page, read
-    /// before it was replaced) if nothing else holds it any more and it
-    /// is exactly `len` bytes, within the budget; else drops it.
+    /// Keeps `b` (a `memory:` child's old page, read before it was
+    /// replaced) if nothing else holds it any more and it is exactly
+    /// `len` bytes with no room beyond them, within the budget; else
+    /// drops it. No byte is moved.
     pub fn reclaim(&self, b: Bytes, len: usize) {
-        if b.len() != len || !b.is_unique() {
+        if b.len() != len {
             return;
         }
-        if let Ok(m) = b.try_into_mut() {
-            let v: Vec<u8> = m.into();
-            if v.len() == len && v.capacity() == len {
-                self.put(v);
-            }
+        let Ok(m) = b.try_into_mut() else {
+            return;
+        };
+        if m.capacity() != len {
+            return;
+        }
+        let mut st = self.st();
+        if st.bytes + len <= self.budget {
+            st.bytes += len;
+            st.pages.push(m);
         }
     }
 
@@ -170,10 +178,13 @@ impl Pool {
         }
     }
 
-    /// The addresses of the free buffers held.
+    /// The addresses of the free buffers and pages held.
     #[cfg(test)]
     pub fn addrs(&self) -> Vec<usize> {
-        self.st().bufs.iter().map(|b| b.as_ptr() as usize).collect()
+        let st = self.st();
+        let bufs = st.bufs.iter().map(|b| b.as_ptr() as usize);
+        bufs.chain(st.pages.iter().map(|b| b.as_ptr() as usize))
+            .collect()
     }
 
     /// Bytes of free buffers held.

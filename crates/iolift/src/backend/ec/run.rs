@@ -276,7 +276,7 @@ impl Inner {
 /// What one child of a run is written from.
 enum Buf {
     /// A buffer per stripe, each exactly one chunk (adopting children).
-    Pages(Vec<Vec<u8>>),
+    Pages(Vec<BytesMut>),
     /// One buffer of the run's n chunks.
     Run(Vec<u8>),
     /// The requests' own buffers (data chunks, no copy).
