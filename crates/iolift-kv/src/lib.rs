@@ -9,7 +9,9 @@
 //!   a sync that is fdatasync(2) (for comparisons of equal durability);
 //! - [`bench`]: db_bench's workloads and report lines;
 //! - [`logcheck`]: the write-ahead logs checked before a database opens
-//!   (the engine drops a damaged log's tail without a word).
+//!   (the engine drops a damaged log's tail without a word);
+//! - [`tablecheck`]: the tables checked before a dump (the engine skips
+//!   a damaged block without a word).
 //!
 //! See docs/kv.md.
 
@@ -19,6 +21,7 @@ mod handle;
 pub mod logcheck;
 pub mod posix;
 mod sync;
+pub mod tablecheck;
 
 pub use env::{AccelEnv, EnvConfig, SyncMode, KV_CACHE_BLOCKS, KV_WRITE_BEHIND};
 pub use posix::PosixSyncEnv;

@@ -24,7 +24,7 @@ const HEADER: usize = 7;
 
 /// LevelDB's masked CRC (so that a CRC of data holding CRCs is not
 /// itself a CRC of zeros).
-fn unmask(m: u32) -> u32 {
+pub(crate) fn unmask(m: u32) -> u32 {
     let r = m.wrapping_sub(0xa282_ead8);
     r.rotate_left(15)
 }

@@ -312,3 +312,42 @@ fn a_log_damaged_before_its_end_is_refused() {
     let out = run_ok(&mut kv("dump")).stdout;
     assert_eq!(out.lines().count(), 1999);
 }
+
+/// A table damaged anywhere: the engine alone skips the damaged block
+/// (a dump printed fewer keys and exited 0; a damaged footer panicked);
+/// `iolift kv dump` refuses it in one error line naming the table.
+#[test]
+fn a_damaged_table_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let kv = |sub: &str| {
+        let mut c = Command::new(iolift_bin());
+        c.args(["kv", sub, "--env", "posix", "--db"]).arg(&db);
+        c
+    };
+    run_ok(kv("bench").args([
+        "--num",
+        "20000",
+        "--benchmarks",
+        "fillseq",
+        "--write_buffer_size",
+        "262144",
+    ]));
+    let table = std::fs::read_dir(&db)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "ldb"))
+        .expect("a table");
+    let good = std::fs::read(&table).unwrap();
+    assert_eq!(run_ok(&mut kv("dump")).stdout.lines().count(), 20000);
+    for at in [good.len() / 2, good.len() - 1] {
+        let mut bad = good.clone();
+        bad[at] ^= 0xff;
+        std::fs::write(&table, &bad).unwrap();
+        let e = error_line(&mut kv("dump"));
+        assert!(
+            e.contains(&table.display().to_string()) && e.contains("damaged"),
+            "byte {at}: {e}"
+        );
+    }
+}

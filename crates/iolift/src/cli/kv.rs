@@ -322,7 +322,11 @@ pub fn run(a: KvArgs) -> Result<ExitCode> {
         Sub::Dump(s) => {
             let store = open_store(&s)?;
             {
-                iolift_kv::logcheck::check_logs(store.opt.env.as_ref().as_ref(), &store.db)
+                // The engine drops a damaged log's tail and skips a
+                // damaged table block without a word: refuse them first.
+                let env = store.opt.env.as_ref().as_ref();
+                iolift_kv::logcheck::check_logs(env, &store.db)
+                    .and_then(|()| iolift_kv::tablecheck::check_tables(env, &store.db))
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let mut db = DB::open(&store.db, store.opt.clone())
                     .map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
