@@ -21,6 +21,11 @@
 //!   then answers it itself. At queue depth 1 that removes the hand-off
 //!   to the ring's thread and back.
 //!
+//! "Alone" (`backend/alone.rs`, one gate per data path) also needs the
+//! request's connection to have nothing else in flight
+//! ([`ConnDepth`]): with placement=worker a connection's reader moves
+//! between runtime threads and so between data paths.
+//!
 //! With `spin_us=0` (the default) a request alone on its path does not use
 //! a ring at all: the submitting thread reads or writes the host range
 //! with a blocking `pread` / `pwrite` on the inline engine's O_DIRECT
@@ -54,6 +59,7 @@
 //! request's life.
 
 use super::lat::Latency;
+use super::place::ConnDepth;
 use crate::backend::alone::Alone;
 use crate::block::{Callback, Errno, Reply, Request};
 use anyhow::{Context, Result};
@@ -120,6 +126,9 @@ struct PathRing {
 
 pub struct Uring {
     paths: Vec<Arc<PathRing>>,
+    /// Requests in flight per connection: a request runs on the reading
+    /// thread only if its connection has nothing else in flight, too.
+    conns: Arc<ConnDepth>,
 }
 
 fn engine(path: &Path, read_only: bool, cfg: Config) -> Result<Engine> {
@@ -182,7 +191,10 @@ impl Uring {
                 sync: spin_us == 0,
             }));
         }
-        Ok(Uring { paths: v })
+        Ok(Uring {
+            paths: v,
+            conns: Arc::default(),
+        })
     }
 
     pub fn stats(&self) -> UringStats {
@@ -213,10 +225,15 @@ impl Uring {
     ) -> Start {
         let p = self.paths[w % self.paths.len()].clone();
         let t0 = Instant::now();
-        let alone = p.depth.enter(t0);
-        // Answers, then counts the request out of its path.
-        let pr = p.clone();
+        // Alone: nothing else in flight on the path, nor of the connection
+        // (whose reader may have run on another path's thread before).
+        let (conn, conn_idle) = self.conns.enter();
+        let alone = p.depth.enter(t0) && conn_idle;
+        // Counts the request out of its connection, answers, then counts
+        // it out of its path.
+        let (pr, conns) = (p.clone(), self.conns.clone());
         let cb: Callback = Box::new(move |r| {
+            conns.leave(conn);
             cb(r);
             pr.depth.leave();
         });
