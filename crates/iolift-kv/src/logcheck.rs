@@ -91,61 +91,92 @@ pub fn check_log(b: &[u8]) -> Result<(), Damage> {
     Ok(())
 }
 
-/// Checks every `*.log` file in the database directory `db` through
-/// `env`; the error names the file and the offset.
-pub fn check_logs(env: &dyn Env, db: &Path) -> Result<(), String> {
+/// Reads every file of the database directory `db` whose extension is
+/// one of `exts` through `env` and runs `check` on its bytes; the error
+/// (`what FILE: ...`) names the file. No directory yet: a new database,
+/// nothing to check. (The log and the table checks share this.)
+pub(crate) fn check_files(
+    env: &dyn Env,
+    db: &Path,
+    exts: &[&str],
+    what: &str,
+    check: impl Fn(&[u8]) -> Result<(), String>,
+) -> Result<(), String> {
     let Ok(names) = env.children(db) else {
-        // No directory yet: a new database.
         return Ok(());
     };
     for name in names {
-        if name.extension().is_none_or(|e| e != "log") {
+        if name
+            .extension()
+            .is_none_or(|e| !exts.iter().any(|x| e == *x))
+        {
             continue;
         }
         let path = db.join(&name);
         let mut bytes = Vec::new();
         env.open_sequential_file(&path)
             .and_then(|mut f| f.read_to_end(&mut bytes).map_err(Into::into))
-            .map_err(|e| format!("log {}: cannot read: {e}", path.display()))?;
-        check_log(&bytes).map_err(|d| {
-            format!(
-                "log {} damaged at offset {}: {} (the engine would drop every write from \
-                 there on; refusing to open the database)",
-                path.display(),
-                d.offset,
-                d.why
-            )
-        })?;
+            .map_err(|e| format!("{what} {}: cannot read: {e}", path.display()))?;
+        check(&bytes).map_err(|e| format!("{what} {} {e}", path.display()))?;
     }
     Ok(())
 }
 
+/// Checks every `*.log` file in the database directory `db` through
+/// `env`; the error names the file and the offset.
+pub fn check_logs(env: &dyn Env, db: &Path) -> Result<(), String> {
+    check_files(env, db, &["log"], "log", |b| {
+        check_log(b).map_err(|d| {
+            format!(
+                "damaged at offset {}: {} (the engine would drop every write from there on; \
+                 refusing to open the database)",
+                d.offset, d.why
+            )
+        })
+    })
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use rusty_leveldb::{Options, PosixDiskEnv, DB};
+    use rusty_leveldb::PosixDiskEnv;
+
+    /// A database the engine wrote on the host (`puts` keys of 100-byte
+    /// values, memtables of `write_buffer` bytes, blocks compressed with
+    /// `compressor`), closed; its files with extension `ext`.
+    pub(crate) fn engine_files(
+        dir: &Path,
+        puts: u32,
+        write_buffer: usize,
+        compressor: u8,
+        ext: &str,
+    ) -> Vec<std::path::PathBuf> {
+        use rusty_leveldb::{Options, DB};
+        let o = Options {
+            env: std::rc::Rc::new(Box::new(PosixDiskEnv::new())),
+            write_buffer_size: write_buffer,
+            compressor,
+            ..Options::default()
+        };
+        let mut db = DB::open(dir, o).unwrap();
+        for i in 0..puts {
+            db.put(format!("key{i:08}").as_bytes(), &[i as u8; 100])
+                .unwrap();
+        }
+        db.close().unwrap();
+        drop(db);
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .collect()
+    }
 
     /// A log written by the engine itself: 3000 puts of 100-byte values
     /// (about 10 blocks), the database left without a compaction.
     fn engine_log(dir: &Path) -> Vec<u8> {
-        let o = Options {
-            env: std::rc::Rc::new(Box::new(PosixDiskEnv::new())),
-            write_buffer_size: 64 << 20,
-            ..Options::default()
-        };
-        let mut db = DB::open(dir, o).unwrap();
-        for i in 0..3000u32 {
-            db.put(format!("key{i:08}").as_bytes(), &[i as u8; 100])
-                .unwrap();
-        }
-        db.flush().unwrap();
-        drop(db);
-        let log = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.extension().is_some_and(|e| e == "log"))
-            .unwrap();
-        std::fs::read(log).unwrap()
+        let logs = engine_files(dir, 3000, 64 << 20, 0, "log");
+        std::fs::read(&logs[0]).unwrap()
     }
 
     #[test]

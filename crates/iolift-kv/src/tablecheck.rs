@@ -18,10 +18,9 @@
 //! ends with the restart offsets (u32 each) and their count (u32); an
 //! index entry's value is a data block's handle (offset, size as varints).
 
-use crate::logcheck::unmask;
+use crate::logcheck::{check_files, unmask};
 use rusty_leveldb::compressor::{Compressor, SnappyCompressor};
 use rusty_leveldb::env::Env;
-use std::io::Read;
 use std::path::Path;
 
 const FOOTER: usize = 48;
@@ -144,49 +143,20 @@ pub fn check_table(t: &[u8]) -> Result<(), String> {
 /// Checks every table file in the database directory `db` through `env`;
 /// the error names the file.
 pub fn check_tables(env: &dyn Env, db: &Path) -> Result<(), String> {
-    let Ok(names) = env.children(db) else {
-        return Ok(());
-    };
-    for name in names {
-        if name.extension().is_none_or(|e| e != "ldb" && e != "sst") {
-            continue;
-        }
-        let path = db.join(&name);
-        let mut bytes = Vec::new();
-        env.open_sequential_file(&path)
-            .and_then(|mut f| f.read_to_end(&mut bytes).map_err(Into::into))
-            .map_err(|e| format!("table {}: cannot read: {e}", path.display()))?;
-        check_table(&bytes).map_err(|e| format!("table {} damaged: {e}", path.display()))?;
-    }
-    Ok(())
+    check_files(env, db, &["ldb", "sst"], "table", |b| {
+        check_table(b).map_err(|e| format!("damaged: {e}"))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rusty_leveldb::{Options, PosixDiskEnv, DB};
+    use rusty_leveldb::PosixDiskEnv;
 
     /// A database of the engine's own tables (small memtables: several
     /// tables of many blocks each), compressed with `compressor`.
     fn tables(dir: &Path, compressor: u8) -> Vec<std::path::PathBuf> {
-        let o = Options {
-            env: std::rc::Rc::new(Box::new(PosixDiskEnv::new())),
-            write_buffer_size: 64 << 10,
-            compressor,
-            ..Options::default()
-        };
-        let mut db = DB::open(dir, o).unwrap();
-        for i in 0..4000u32 {
-            db.put(format!("key{i:08}").as_bytes(), &[i as u8; 100])
-                .unwrap();
-        }
-        db.close().unwrap();
-        drop(db);
-        std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "ldb"))
-            .collect()
+        crate::logcheck::tests::engine_files(dir, 4000, 64 << 10, compressor, "ldb")
     }
 
     #[test]

@@ -276,6 +276,22 @@ fn bad_input_is_one_error_line() {
     assert!(e.contains("superblock"), "{e}");
 }
 
+/// `iolift kv SUB --env posix --db DB`.
+fn posix_kv(db: &Path, sub: &str) -> Command {
+    let mut c = Command::new(iolift_bin());
+    c.args(["kv", sub, "--env", "posix", "--db"]).arg(db);
+    c
+}
+
+/// The first file in `dir` with extension `ext`.
+fn first_with_ext(dir: &Path, ext: &str) -> std::path::PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == ext))
+        .unwrap_or_else(|| panic!("no *.{ext} in {}", dir.display()))
+}
+
 /// A write-ahead log damaged before its end: the engine alone would open
 /// the database without the writes from the damage on (it drops the rest
 /// of a log at its first bad record); `iolift kv dump` refuses it in one
@@ -285,17 +301,9 @@ fn bad_input_is_one_error_line() {
 fn a_log_damaged_before_its_end_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");
-    let kv = |sub: &str| {
-        let mut c = Command::new(iolift_bin());
-        c.args(["kv", sub, "--env", "posix", "--db"]).arg(&db);
-        c
-    };
+    let kv = |sub: &str| posix_kv(&db, sub);
     run_ok(kv("bench").args(["--num", "2000", "--benchmarks", "fillseq"]));
-    let log = std::fs::read_dir(&db)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "log"))
-        .expect("a log");
+    let log = first_with_ext(&db, "log");
     let good = std::fs::read(&log).unwrap();
     assert!(good.len() > 100_000, "{} bytes of log", good.len());
     let mut bad = good.clone();
@@ -320,11 +328,7 @@ fn a_log_damaged_before_its_end_is_refused() {
 fn a_damaged_table_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");
-    let kv = |sub: &str| {
-        let mut c = Command::new(iolift_bin());
-        c.args(["kv", sub, "--env", "posix", "--db"]).arg(&db);
-        c
-    };
+    let kv = |sub: &str| posix_kv(&db, sub);
     run_ok(kv("bench").args([
         "--num",
         "20000",
@@ -333,11 +337,7 @@ fn a_damaged_table_is_refused() {
         "--write_buffer_size",
         "262144",
     ]));
-    let table = std::fs::read_dir(&db)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "ldb"))
-        .expect("a table");
+    let table = first_with_ext(&db, "ldb");
     let good = std::fs::read(&table).unwrap();
     assert_eq!(run_ok(&mut kv("dump")).stdout.lines().count(), 20000);
     for at in [good.len() / 2, good.len() - 1] {
