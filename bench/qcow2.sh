@@ -192,8 +192,14 @@ pin_cpu() {
     local dev vdev irq
     dev=$(basename "$(df --output=source "$WORK" | tail -1)")
     vdev=$(basename "$(readlink -f "/sys/class/block/$dev/device" 2>/dev/null)" 2>/dev/null)
-    irq=$(grep -l "$vdev-req\|$dev" /proc/irq/*/actions 2>/dev/null | head -1)
-    if [[ -n $irq ]]; then cut -d, -f1 "$(dirname "$irq")/effective_affinity_list" | cut -d- -f1; else echo 0; fi
+    # the IRQ number of the device's first request queue (virtio: vdN's
+    # virtioM-req.0; others: a name with the disk's)
+    irq=$(awk -v a="$vdev-req" -v b="$dev" '$NF ~ a || $NF ~ b { sub(":", "", $1); print $1; exit }' /proc/interrupts)
+    if [[ -n $irq && -r /proc/irq/$irq/effective_affinity_list ]]; then
+        cut -d, -f1 "/proc/irq/$irq/effective_affinity_list" | cut -d- -f1
+    else
+        echo 0
+    fi
 }
 
 fio_job() { # uri name rw qd jobs out [fio options] (PINNED=1: on pin_cpu)
@@ -397,7 +403,9 @@ for line in open(f"{work}/sections"):
         print(f"[{sec}] {s:<5} peak RSS median {statistics.median(rss) / 1024:.1f} MiB{hrs}")
     M = lambda s, j, k: med[sec, s, j][k]
     P = lambda j: peer[sec, j]
-    if sec in ("main", "small", "place", "spin", "floor", "pin"):
+    # (the pin section is a diagnosis: its fio is pinned too, which no
+    # server can do for its clients, so it prints no target lines)
+    if sec in ("main", "small", "place", "spin", "floor"):
         for h in [x for x in servers if base(x) in ("hit", "hitw", "hitq", "hitu", "hitr", "hitv", "hitc", "hits", "hitp")]:
             if not qemus:
                 continue
