@@ -1,4 +1,4 @@
-//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll][,rings=N][,inline_us=N][,inline_all]`:
+//! `file:PATH[,size=SIZE][,direct][,ro][,engine=threads|uring][,sqpoll][,rings=N][,inline_us=N][,inline_writes]`:
 //! a regular file or a block device.
 //!
 //! A missing regular file is created sparse with `size`; an existing one is
@@ -14,8 +14,8 @@
 //! at least `inline_us`; `backend/alone.rs`) runs on the thread that read
 //! it off the connection instead: at queue depth 1 that saves the hop to a
 //! pool thread and the wake-up back, and the NBD front-end answers it in
-//! the same write as any other reply it has ready. With `inline_all`,
-//! every request given through `submit_cb` runs on the calling thread:
+//! the same write as any other reply it has ready. With `inline_writes`,
+//! every write given through `submit_cb` runs on the calling thread:
 //! for callers that bring their own threads (the `ec` device writes its
 //! file children from a few blocking-pool threads of its own, several
 //! children per thread, instead of one pool hop per child write).
@@ -42,8 +42,8 @@ pub struct FileDev {
     uring: Option<super::file_uring::UringFile>,
     /// engine=threads: whether a request is alone (run it inline).
     alone: Arc<Alone>,
-    /// engine=threads: `submit_cb` always runs on the calling thread.
-    inline_all: bool,
+    /// engine=threads: `submit_cb` always runs writes on the calling thread.
+    inline_writes: bool,
 }
 
 struct FileInner {
@@ -99,10 +99,10 @@ pub const OPTIONS: &[OptHelp] = &[
         help: "with engine=threads: a request alone on the device (nothing else in flight, idle at least this many us) runs on the thread that read it instead of the pool; 0: never",
     },
     OptHelp {
-        name: "inline_all",
+        name: "inline_writes",
         kind: Kind::Flag,
         default: "off",
-        help: "with engine=threads: every request given through submit_cb runs on the calling thread (for callers with threads of their own, as the ec device's child writers)",
+        help: "with engine=threads: every write given through submit_cb runs on the calling thread (for callers with threads of their own, as the ec device's child writers); other requests as inline_us says",
     },
 ];
 
@@ -122,8 +122,8 @@ pub struct FileConfig {
     /// engine=threads: the idle time before a lone request runs inline
     /// (None: never).
     pub inline_gap: Option<Duration>,
-    /// engine=threads: `submit_cb` always runs on the calling thread.
-    pub inline_all: bool,
+    /// engine=threads: `submit_cb` always runs writes on the calling thread.
+    pub inline_writes: bool,
 }
 
 pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
@@ -150,9 +150,9 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
     if s.opts.get("inline_us").is_some() && uring {
         return Err(s.opts.err("inline_us", "needs engine=threads"));
     }
-    let inline_all = s.opts.flag("inline_all")?;
-    if inline_all && uring {
-        return Err(s.opts.err("inline_all", "needs engine=threads"));
+    let inline_writes = s.opts.flag("inline_writes")?;
+    if inline_writes && uring {
+        return Err(s.opts.err("inline_writes", "needs engine=threads"));
     }
     if inline_us > 1_000_000 {
         return Err(s
@@ -168,7 +168,7 @@ pub fn parse(s: &BackendSpec) -> Result<FileConfig> {
         sqpoll,
         rings: rings as usize,
         inline_gap: (inline_us > 0).then(|| Duration::from_micros(inline_us)),
-        inline_all,
+        inline_writes,
     })
 }
 
@@ -176,7 +176,7 @@ pub fn open(s: &BackendSpec) -> Result<DevRef> {
     let c = parse(s)?;
     let mut dev = FileDev::open(&c.path, c.size, c.direct, c.read_only)?;
     dev.alone = Arc::new(Alone::new(c.inline_gap));
-    dev.inline_all = c.inline_all;
+    dev.inline_writes = c.inline_writes;
     if c.uring {
         dev.uring = Some(super::file_uring::UringFile::open(
             &c.path,
@@ -201,7 +201,7 @@ impl FileDev {
             inner: Arc::new(FileInner::open(path, size, direct, read_only)?),
             uring: None,
             alone: Arc::new(Alone::new(Some(Duration::from_micros(INLINE_US)))),
-            inline_all: false,
+            inline_writes: false,
         })
     }
 }
@@ -608,10 +608,10 @@ impl BlockDev for FileDev {
 
     /// With engine=uring, completions call back from the engine's thread;
     /// with engine=threads, from the pool's or, for a request alone on the
-    /// device (every request with `inline_all`), from the caller's before
+    /// device (every write with `inline_writes`), from the caller's before
     /// `submit_cb` returns.
     fn native_callbacks(&self) -> bool {
-        self.uring.is_some() || self.alone.enabled() || self.inline_all
+        self.uring.is_some() || self.alone.enabled() || self.inline_writes
     }
 
     fn submit_cb(&self, req: Request, cb: crate::block::Callback) {
@@ -624,9 +624,10 @@ impl BlockDev for FileDev {
             }
             return;
         }
-        if self.alone.enter(Instant::now()) || self.inline_all {
-            // alone (or inline_all): on this thread, no hop to the pool
-            // and back
+        let write = matches!(req, Request::Write { .. });
+        if self.alone.enter(Instant::now()) || (self.inline_writes && write) {
+            // alone (or a write with inline_writes): on this thread, no
+            // hop to the pool and back
             let r = self.inner.run(req);
             self.alone.leave();
             return cb(r);

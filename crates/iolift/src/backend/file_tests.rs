@@ -17,14 +17,14 @@ async fn call(dev: &DevRef, req: Request) -> (Completion, ThreadId) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inline_all_runs_every_request_on_the_callers_thread() {
+async fn inline_writes_runs_every_request_on_the_callers_thread() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("a.img");
-    let dev = crate::backend::open(&format!("file:{},size=1M,inline_all", p.display())).unwrap();
+    let dev = crate::backend::open(&format!("file:{},size=1M,inline_writes", p.display())).unwrap();
     assert!(dev.native_callbacks());
     let me = std::thread::current().id();
     let data = Bytes::from((0..65536u32).map(|i| (i % 253) as u8).collect::<Vec<u8>>());
-    // back to back, so never alone: inline_all still runs each here,
+    // back to back, so never alone: inline_writes still runs each here,
     // and the callback has run when submit_cb returns
     for i in 0..8u64 {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -56,7 +56,7 @@ async fn inline_all_runs_every_request_on_the_callers_thread() {
     };
     dev.submit_cb(w, Box::new(move |c| drop(tx.send(c))));
     assert!(rx.try_recv().unwrap().is_err());
-    let e = crate::backend::check_spec(&format!("file:{},engine=uring,inline_all", p.display()))
+    let e = crate::backend::check_spec(&format!("file:{},engine=uring,inline_writes", p.display()))
         .unwrap_err();
     assert!(format!("{e:#}").contains("needs engine=threads"), "{e:#}");
 }

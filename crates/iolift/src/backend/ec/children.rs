@@ -69,7 +69,7 @@ impl ChildSpec {
     }
 
     /// Whether the child is a `file:` backend with no stages on the
-    /// thread-pool engine: it is opened with `inline_all`, so that
+    /// thread-pool engine: it is opened with `inline_writes`, so that
     /// `submit_cb` writes it on the calling thread, and the device writes
     /// it from threads of its own (io.rs, `Inner::child_writes`).
     pub fn on_caller(&self) -> bool {
@@ -85,9 +85,9 @@ impl ChildSpec {
     /// Opens the backend and stacks the stages on it.
     pub fn open(&self) -> Result<DevRef> {
         let given = crate::backend::BackendSpec::parse(&self.backend)
-            .is_ok_and(|s| s.opts.get("inline_all").is_some());
+            .is_ok_and(|s| s.opts.get("inline_writes").is_some());
         if self.on_caller() && !given {
-            return crate::backend::open(&format!("{},inline_all", self.backend));
+            return crate::backend::open(&format!("{},inline_writes", self.backend));
         }
         let dev = crate::backend::open(&self.backend)?;
         if self.stages.is_empty() {

@@ -53,7 +53,7 @@ fn groups() -> usize {
 }
 
 /// A group's writes, one after another on this (blocking-pool) thread:
-/// each child was opened with `inline_all`, so `submit_cb` runs the
+/// each child was opened with `inline_writes`, so `submit_cb` runs the
 /// write here and calls back before it returns. (index, child, result).
 fn write_here(items: Vec<Item>) -> Done {
     items
@@ -66,7 +66,7 @@ fn write_here(items: Vec<Item>) -> Done {
                 flags: Flags::NONE,
             };
             dev.submit_cb(req, Box::new(move |r| drop(tx.send(r))));
-            // at once (inline_all); were it ever handed on, this waits
+            // at once (inline_writes); were it ever handed on, this waits
             let r = rx.recv().unwrap_or(Err(Errno::EIO));
             (i, c, r.map(drop))
         })
@@ -74,12 +74,31 @@ fn write_here(items: Vec<Item>) -> Done {
 }
 
 impl Inner {
-    /// Reads from child `c`; an error marks it failed.
+    /// Reads from child `c`; an error marks it failed. An `on_caller`
+    /// child (a plain file) is read through `submit_cb`, so a read alone
+    /// on its file (the file backend's rule, `backend/alone.rs`: nothing
+    /// in flight there, idle a while) runs on this thread instead of a
+    /// hop to the blocking pool and back; others go to the pool as before.
     pub async fn child_read(&self, c: usize, off: u64, len: u64) -> Result<Bytes, Errno> {
         let Some(dev) = &self.children[c].dev else {
             return Err(Errno::EIO);
         };
-        match dev.read(off, len as u32).await {
+        let r = if self.children[c].on_caller {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let req = Request::Read {
+                offset: off,
+                len: len as u32,
+            };
+            dev.submit_cb(req, Box::new(move |r| drop(tx.send(r))));
+            match rx.await {
+                Ok(Ok(Reply::Data(b))) => Ok(b),
+                Ok(Ok(_)) | Err(_) => Err(Errno::EIO),
+                Ok(Err(e)) => Err(e),
+            }
+        } else {
+            dev.read(off, len as u32).await
+        };
+        match r {
             Ok(b) if b.len() as u64 == len => Ok(b),
             Ok(_) => {
                 self.fail(c, "short read").await;
@@ -386,5 +405,62 @@ mod tests {
             }
             d.close().await.unwrap();
         }
+    }
+
+    /// File children are read through `submit_cb`: alone on its file a
+    /// read runs on the caller's thread, back to back through the pool;
+    /// either way the bytes are right, and a chunk corrupted on disk is
+    /// caught by its crc, decoded and repaired through the same path.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn file_children_reads_inline_or_pooled_read_back_and_repair() {
+        use std::os::unix::fs::FileExt;
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().unwrap();
+        let s = spec(&files(dir.path(), 6, "4M"), "chunk=16K,slots=8,rebuild=off");
+        let (d, inner) = open_ec(&s);
+        let data = rnd(11, 1 << 20);
+        d.write(0, Bytes::copy_from_slice(&data), Flags::NONE)
+            .await
+            .unwrap();
+        d.flush().await.unwrap();
+        let mut x = 0x1234_5678u64;
+        for i in 0..64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = (x >> 20) as usize % (1 << 20);
+            let len = (1 + (x >> 40) as usize % (96 << 10)).min((1 << 20) - off);
+            if i % 2 == 0 {
+                // idle files: the reads run on this task's thread
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            let got = d.read(off as u64, len as u32).await.unwrap();
+            assert_eq!(&got[..], &data[off..off + len], "read {off}+{len}");
+        }
+        // corrupt 4 KiB of data chunk 1 of stripe 2 in child 1's file
+        let at = inner.geo.chunk_off(2) + 4096;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("s1.img"))
+            .unwrap();
+        f.write_all_at(&[0x5a; 4096], at).unwrap();
+        drop(f);
+        let stripe = inner.geo.k as u64 * inner.geo.chunk;
+        let off = 2 * stripe + inner.geo.chunk + 4096;
+        let got = d.read(off, 4096).await.unwrap();
+        assert_eq!(&got[..], &data[off as usize..off as usize + 4096]);
+        assert!(inner.metrics.crc_errors.load(Ordering::Relaxed) >= 1);
+        assert!(inner.metrics.repairs.load(Ordering::Relaxed) >= 1);
+        let mut back = vec![0u8; 4096];
+        std::fs::File::open(dir.path().join("s1.img"))
+            .unwrap()
+            .read_exact_at(&mut back, at)
+            .unwrap();
+        assert_eq!(
+            &back[..],
+            &data[off as usize..off as usize + 4096],
+            "repaired on disk"
+        );
+        d.close().await.unwrap();
     }
 }

@@ -347,7 +347,7 @@ pub struct Child {
     /// as its pages (no copy in the child), and its old pages are taken
     /// back into the parity pool (run.rs).
     pub adopt: bool,
-    /// A `file:` child opened with `inline_all`: its writes run on the
+    /// A `file:` child opened with `inline_writes`: its writes run on the
     /// thread that gives them (io.rs, `Inner::child_writes`).
     pub on_caller: bool,
 }
