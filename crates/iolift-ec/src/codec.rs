@@ -189,17 +189,19 @@ impl Codec {
     /// from the data chunks' checksums instead of computed. Only for
     /// w = 8 techniques that encode byte by byte (false for the others).
     pub fn xor_rows(&self) -> Vec<bool> {
-        let (k, m) = (self.profile.k, self.profile.m);
-        if self.wide.is_some() || self.profile.technique.is_bitmatrix() {
-            return vec![false; m];
+        (0..self.profile.m).map(|j| self.is_xor_row(j)).collect()
+    }
+
+    /// Whether parity row `j` is the XOR of the data ([`Codec::xor_rows`]
+    /// for one row, without a list: asked once per stripe written).
+    pub fn is_xor_row(&self, j: usize) -> bool {
+        let k = self.profile.k;
+        if j >= self.profile.m || self.wide.is_some() || self.profile.technique.is_bitmatrix() {
+            return false;
         }
-        (0..m)
-            .map(|j| {
-                self.gen.data[(k + j) * k..(k + j + 1) * k]
-                    .iter()
-                    .all(|&x| x == 1)
-            })
-            .collect()
+        self.gen.data[(k + j) * k..(k + j + 1) * k]
+            .iter()
+            .all(|&x| x == 1)
     }
 
     /// The kernel encoding runs on.

@@ -117,21 +117,27 @@ pub fn encode_tiles(
     let len = data.first().map_or(0, |d| d.len());
     let unit = inner.unit as usize;
     let tile = (TILE / unit).max(1) * unit;
-    // where data chunk c's crcs go in `sums` (none: not taking part)
-    let at: Vec<Option<usize>> = (0..k).map(|c| parts.iter().position(|&p| p == c)).collect();
     // (whole blocks only: the linearity holds for 4 KiB blocks)
     let blocks = tile.is_multiple_of(BLOCK as usize) && len.is_multiple_of(BLOCK as usize);
-    let xor = inner.codec.xor_rows();
-    let derive: Vec<bool> = parts
-        .iter()
-        .map(|&c| blocks && c >= k && xor[c - k] && at.iter().all(|a| a.is_some()))
-        .collect();
+    let all_data = (0..k).all(|c| parts.contains(&c));
+    let codec = &inner.codec;
+    let derive = |i: usize| {
+        let c = parts[i];
+        blocks && all_data && c >= k && codec.is_xor_row(c - k)
+    };
+    // the per-tile lists live in allocations made once per call (a run's
+    // stripes x tiles would otherwise be three mallocs each)
     let mut got: Vec<u32> = Vec::new();
+    let mut srcs: Vec<&[u8]> = Vec::with_capacity(k);
+    let mut outs_at: Vec<&mut [u8]> = Vec::with_capacity(parity.len());
+    let mut blocks_at: Vec<&[u8]> = Vec::new();
     let mut x = 0;
     while x < len {
         let t = tile.min(len - x);
-        let srcs: Vec<&[u8]> = data.iter().map(|d| &d[x..x + t]).collect();
-        let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[x..x + t]).collect();
+        srcs.clear();
+        srcs.extend(data.iter().map(|d| &d[x..x + t]));
+        let mut outs: Vec<&mut [u8]> = recycle(std::mem::take(&mut outs_at));
+        outs.extend(parity.iter_mut().map(|p| &mut p[x..x + t]));
         inner.codec.encode(&srcs, &mut outs).map_err(|e| {
             tracing::error!("ec: encode failed: {e}");
             Errno::EIO
@@ -140,9 +146,9 @@ pub fn encode_tiles(
         // groups of three across chunks (a chunk's 16 blocks at 64K do
         // not split into threes; the tile's blocks of all chunks nearly do)
         let nb = t / BLOCK as usize;
-        let mut blocks: Vec<&[u8]> = Vec::with_capacity(parts.len() * nb.max(1));
+        let mut blocks: Vec<&[u8]> = recycle(std::mem::take(&mut blocks_at));
         for (i, &c) in parts.iter().enumerate() {
-            if !derive[i] {
+            if !derive(i) {
                 let b = if c < k { srcs[c] } else { &*outs[c - k] };
                 blocks.extend(b.chunks(BLOCK as usize));
             }
@@ -152,25 +158,32 @@ pub fn encode_tiles(
             crcs_of_blocks(&blocks, &mut got);
             let mut each = got.chunks(nb);
             for (i, sum) in sums.iter_mut().enumerate() {
-                if !derive[i] {
+                if !derive(i) {
                     sum.extend_from_slice(each.next().expect("a tile's crcs per chunk"));
                 }
             }
         } else {
             for (i, &c) in parts.iter().enumerate() {
-                if !derive[i] {
+                if !derive(i) {
                     let b = if c < k { srcs[c] } else { &*outs[c - k] };
                     block_crcs_into(b, &mut sums[i]);
                 }
             }
         }
-        for i in (0..parts.len()).filter(|&i| derive[i]) {
+        blocks_at = recycle(blocks);
+        outs_at = recycle(outs);
+        for i in (0..parts.len()).filter(|&i| derive(i)) {
             let nb = t / BLOCK as usize;
             for b in 0..nb {
-                let v = at.iter().flatten().fold(0u32, |a, &j| {
-                    let s = &sums[j];
-                    a ^ s[s.len() - nb + b]
-                });
+                // (every data chunk takes part: where its crcs are in `sums`)
+                let v = parts
+                    .iter()
+                    .enumerate()
+                    .filter(|p| *p.1 < k)
+                    .fold(0u32, |a, (j, _)| {
+                        let s = &sums[j];
+                        a ^ s[s.len() - nb + b]
+                    });
                 sums[i].push(v);
             }
         }
@@ -182,6 +195,15 @@ pub fn encode_tiles(
         x += t;
     }
     Ok(())
+}
+
+/// `v` emptied, as a vector of another element type of the same size in
+/// the same allocation (std's in-place collect): per-tile lists of
+/// borrowed slices reuse one allocation although each tile's borrows
+/// end with the tile. A type of another size gets a fresh allocation.
+pub fn recycle<A, B>(mut v: Vec<A>) -> Vec<B> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied")).collect()
 }
 
 impl Inner {
@@ -230,6 +252,24 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recycled_lists_keep_their_allocation() {
+        let a = [0u8; 64];
+        let b = [1u8; 64];
+        let mut v: Vec<&[u8]> = Vec::with_capacity(8);
+        v.extend([&a[..], &b[..]]);
+        let (ptr, cap) = (v.as_ptr() as usize, v.capacity());
+        let mut w: Vec<&mut [u8]> = recycle(v);
+        assert!(w.is_empty());
+        assert_eq!((w.as_ptr() as usize, w.capacity()), (ptr, cap));
+        let mut c = [2u8; 8];
+        w.push(&mut c[..]);
+        w[0][0] = 9;
+        let u: Vec<&[u8]> = recycle(w);
+        assert_eq!((u.as_ptr() as usize, u.capacity()), (ptr, cap));
+        assert_eq!(c[0], 9);
+    }
 
     #[test]
     fn three_at_a_time_crcs_match_one_at_a_time() {

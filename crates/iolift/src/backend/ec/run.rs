@@ -25,7 +25,7 @@
 //! the stripes of a run are updated one by one (concurrently), each
 //! through its journal slot.
 
-use super::encode::encode_tiles;
+use super::encode::{encode_tiles, recycle};
 use super::join::{join_all, Fut};
 use super::layout::BLOCK;
 use super::wb::{covers, Piece};
@@ -43,14 +43,14 @@ fn whole(pieces: &[Piece], k: usize, chunk: u64) -> bool {
 /// Data chunk `c` of a whole stripe: a piece's own bytes when one covers
 /// it exactly, else the pieces laid over each other in order.
 fn chunk_of(pieces: &[Piece], c: usize, chunk: u64) -> Bytes {
-    let mine: Vec<&Piece> = pieces.iter().filter(|p| p.0 == c).collect();
-    if let [p] = mine.as_slice() {
+    let mut mine = pieces.iter().filter(|p| p.0 == c);
+    if let (Some(p), None) = (mine.next(), mine.next()) {
         if p.1 == 0 && p.2.len() as u64 == chunk {
             return p.2.clone();
         }
     }
     let mut b = BytesMut::zeroed(chunk as usize);
-    for p in mine {
+    for p in pieces.iter().filter(|p| p.0 == c) {
         b[p.1 as usize..p.1 as usize + p.2.len()].copy_from_slice(&p.2);
     }
     b.freeze()
@@ -203,16 +203,25 @@ impl Inner {
                 }
             })
             .collect();
+        // (the per-stripe lists reuse one allocation each: encode::recycle)
+        let mut srcs: Vec<&[u8]> = Vec::with_capacity(k);
+        let mut outs_at: Vec<&mut [u8]> = Vec::with_capacity(m);
+        let mut copy_at: Vec<Option<&mut [u8]>> = Vec::with_capacity(k);
         for (i, d) in data.iter().enumerate() {
-            let srcs: Vec<&[u8]> = d.iter().map(|b| &b[..]).collect();
+            srcs.clear();
+            srcs.extend(d.iter().map(|b| &b[..]));
             let (dbufs, pbufs) = bufs.split_at_mut(k);
-            let mut outs: Vec<&mut [u8]> = pbufs
-                .iter_mut()
-                .map(|b| b.stripe(i, chunk).expect("parity has a buffer"))
-                .collect();
-            let mut copy: Vec<Option<&mut [u8]>> =
-                dbufs.iter_mut().map(|b| b.stripe(i, chunk)).collect();
+            let mut outs: Vec<&mut [u8]> = recycle(std::mem::take(&mut outs_at));
+            outs.extend(
+                pbufs
+                    .iter_mut()
+                    .map(|b| b.stripe(i, chunk).expect("parity has a buffer")),
+            );
+            let mut copy: Vec<Option<&mut [u8]>> = recycle(std::mem::take(&mut copy_at));
+            copy.extend(dbufs.iter_mut().map(|b| b.stripe(i, chunk)));
             encode_tiles(self, &srcs, &mut outs, &parts, &mut sums, &mut copy)?;
+            outs_at = recycle(outs);
+            copy_at = recycle(copy);
         }
         let mut writes: Vec<Vec<Bytes>> = bufs
             .into_iter()

@@ -141,3 +141,38 @@ async fn memory_children_adopt_chunks_and_their_old_pages_are_reused() {
     let (_d, inner) = open_ec(&spec(mem, "chunk=32K,slots=8"));
     assert!(inner.children.iter().all(|c| !c.adopt));
 }
+
+/// `covers` (one piece over the range, or pieces laid side by side)
+/// against a block-by-block count of what the pieces of that chunk hold.
+#[test]
+fn covers_agrees_with_counting_blocks() {
+    use super::wb::{covers, Piece};
+    let piece =
+        |c: usize, lo: u64, n: u64| -> Piece { (c, lo, Bytes::from(vec![0u8; n as usize])) };
+    let sets: Vec<Vec<Piece>> = vec![
+        vec![piece(0, 0, 16)],
+        vec![piece(1, 0, 16)],
+        vec![piece(0, 4, 12)],
+        vec![piece(0, 0, 8), piece(0, 8, 8)],
+        vec![piece(0, 8, 8), piece(1, 0, 8), piece(0, 0, 4)],
+        vec![piece(0, 8, 8), piece(0, 0, 4), piece(0, 3, 6)],
+        vec![piece(2, 0, 16), piece(0, 2, 14)],
+        vec![],
+    ];
+    for p in &sets {
+        for lo in 0..16 {
+            for hi in lo..=16 {
+                let want = (lo..hi).all(|x| {
+                    p.iter()
+                        .any(|q| q.0 == 0 && q.1 <= x && x < q.1 + q.2.len() as u64)
+                });
+                assert_eq!(
+                    covers(p, 0, lo, hi),
+                    want,
+                    "{lo}..{hi} of {:?}",
+                    p.iter().map(|q| (q.0, q.1, q.2.len())).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+}

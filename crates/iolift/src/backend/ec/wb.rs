@@ -27,6 +27,11 @@ pub type Piece = (usize, u64, Bytes);
 
 /// Whether `pieces` cover columns `[lo, hi)` of chunk `c` (together).
 pub(super) fn covers(pieces: &[Piece], c: usize, lo: u64, hi: u64) -> bool {
+    // one piece over the whole range (a whole-chunk write's): no list
+    let one = |p: &Piece| p.0 == c && p.1 <= lo && p.1 + p.2.len() as u64 >= hi;
+    if lo >= hi || pieces.iter().any(one) {
+        return true;
+    }
     let mut iv: Vec<(u64, u64)> = pieces
         .iter()
         .filter(|p| p.0 == c)

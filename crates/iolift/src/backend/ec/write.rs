@@ -50,6 +50,33 @@ impl Inner {
     pub async fn write(self: &Arc<Self>, off: u64, data: Bytes, fua: bool) -> Result<(), Errno> {
         self.check_alive()?;
         let pieces = self.pieces(off, data.len() as u64);
+        let sb = self.geo.stripe_bytes();
+        // inside one stripe (a 128k write of a 256K stripe): that stripe's
+        // write awaited here, without the lists and boxed futures below
+        if let (Some(a), Some(z)) = (pieces.first(), pieces.last()) {
+            if a.0 == z.0 {
+                let s = a.0;
+                let p: Vec<Piece> = pieces
+                    .into_iter()
+                    .map(|(_, c, lo, hi, at)| (c, lo, data.slice(at..at + (hi - lo) as usize)))
+                    .collect();
+                let whole = p.iter().map(|x| x.2.len() as u64).sum::<u64>() == sb;
+                let aligned = p
+                    .iter()
+                    .all(|x| x.1.is_multiple_of(BLOCK) && (x.2.len() as u64).is_multiple_of(BLOCK));
+                if whole {
+                    self.write_run(s, vec![p]).await?;
+                } else if !fua && aligned && self.wb.enabled() {
+                    self.write_buffered(s, p).await?;
+                } else {
+                    self.write_stripe(s, p).await?;
+                }
+                if fua {
+                    self.flush().await?;
+                }
+                return Ok(());
+            }
+        }
         let mut stripes: Vec<(u64, Vec<Piece>)> = Vec::new();
         for (s, c, lo, hi, at) in pieces {
             let b = data.slice(at..at + (hi - lo) as usize);
@@ -58,7 +85,6 @@ impl Inner {
                 _ => stripes.push((s, vec![(c, lo, b)])),
             }
         }
-        let sb = self.geo.stripe_bytes();
         let mut futs: Vec<Fut<'_, Result<(), Errno>>> = Vec::new();
         // consecutive whole stripes: one run (one child write per child)
         let mut run: Vec<Vec<Piece>> = Vec::new();
