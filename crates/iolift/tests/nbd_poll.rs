@@ -219,8 +219,9 @@ fn metrics_report_each_poll_mode_per_connection() {
 }
 
 /// With two CPU hogs on every core (threads kept waiting for a CPU), the
-/// adaptive default backs off (CPU pressure or descheduled polls) and
-/// stays off while the load lasts.
+/// adaptive default backs off (CPU pressure or descheduled polls), or
+/// never polls because every request is already waiting, and stays off
+/// while the load lasts.
 #[test]
 fn adaptive_poll_backs_off_on_a_busy_machine() {
     let _g = heavy();
@@ -234,19 +235,16 @@ fn adaptive_poll_backs_off_on_a_busy_machine() {
                 "reason=\"descheduled\"",
             )
     };
-    // Up to three servers: in about one run in six on the 2-core VM
-    // (2026-11-25) a server's sampler read no CPU pressure at all under
-    // the hogs (stall 0, every probe "sleep", no back-off); not yet
-    // explained (docs/nbd.md), so a server that saw none is replaced, and
-    // three in a row fail the test.
-    let mut during = String::new();
-    for _ in 0..3 {
-        during = scrape_during_qd1(&["--poll-us", "auto"], true).0;
-        if backoffs(&during) >= 1.0 {
-            break;
-        }
-    }
-    assert!(backoffs(&during) >= 1.0, "{during}");
+    let during = scrape_during_qd1(&["--poll-us", "auto"], true).0;
+    // Or it never needed to: the reader reads the load only when it would
+    // poll (a request not there yet), and under the hogs it is preempted
+    // after each reply, so fio's next request is often waiting when it
+    // looks. Seen in about one run in four on the 2-core VM (2026-11-25):
+    // one poll (the first, before the sampler had two reads) in thousands
+    // of requests, no back-off, stall 0. Polling more than that without
+    // backing off fails.
+    let polls = sum(&during, "iolift_nbd_polls_total", "result");
+    assert!(backoffs(&during) >= 1.0 || polls <= 2.0, "{during}");
     // off at the end: still backed off, or, where the hog's CPU pressure
     // dipped for a moment and the back-off ended, a probe then found that
     // sleeping wins ("unpolled"); never polling
@@ -256,8 +254,12 @@ fn adaptive_poll_backs_off_on_a_busy_machine() {
         "{now:?}:\n{during}"
     );
     assert_eq!(sum(&during, "iolift_nbd_poll_budget_us", "export"), 0.0);
-    assert!(
-        sum(&during, "iolift_nbd_poll_cpu_stall_permille", "export") > 200.0,
-        "{during}"
-    );
+    // the CPU pressure it saw, where it read it (a server that never
+    // polled read it at most once, which only starts the sampler: 0)
+    if backoffs(&during) >= 1.0 {
+        assert!(
+            sum(&during, "iolift_nbd_poll_cpu_stall_permille", "export") > 200.0,
+            "{during}"
+        );
+    }
 }
