@@ -38,8 +38,7 @@ proptest! {
             .unwrap_or_else(|e| panic!("{e} (scripts/test.sh installs libisal2)"));
         let su = p.stripe_unit_multiple() * mult;
         let len = extra + 1;
-        let mut x = seed | 1;
-        let input: Vec<u8> = (0..len).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x as u8 }).collect();
+        let input = noise(seed, len);
         let shards = stripe::encode_object(&codec, su, &input).unwrap();
         let n = p.chunk_count();
         // Erase up to m shards picked by erase_seed.
@@ -148,19 +147,8 @@ fn xor_rows_are_the_xor_of_the_data() {
             let p = Profile::parse(&profile_text(tech, k, m)).unwrap();
             let codec = Codec::new(&p).unwrap();
             let len = 8 * p.stripe_unit_multiple().max(64);
-            let mut x = 0x2545_f491_4f6c_dd1du64 ^ (tech * 131 + k) as u64;
-            let data: Vec<Vec<u8>> = (0..p.k)
-                .map(|_| {
-                    (0..len)
-                        .map(|_| {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            x as u8
-                        })
-                        .collect()
-                })
-                .collect();
+            let seed = 0x2545_f491_4f6c_dd1du64 ^ (tech * 131 + k) as u64;
+            let data: Vec<Vec<u8>> = (0..p.k).map(|i| noise(seed + i as u64, len)).collect();
             let mut parity = vec![vec![0u8; len]; p.m];
             {
                 let srcs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
@@ -185,4 +173,17 @@ fn xor_rows_are_the_xor_of_the_data() {
             }
         }
     }
+}
+
+/// `len` xorshift bytes from `seed`.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }

@@ -88,8 +88,8 @@ fn scrape_during_qd1(args: &[&str], busy: bool) -> (String, String) {
         require_tool("stress-ng");
         // two hogs per core: they keep each other waiting for a CPU, so
         // the kernel's CPU pressure is high whatever fio and the server
-        // do (one per core left it at 0 in about one run in four: the
-        // hogs then wait only while fio or the server runs)
+        // do (with one per core the hogs wait only while fio or the
+        // server runs)
         let n = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
         cmd("stress-ng")
             .args(["--cpu", &n.to_string(), "--cpu-method", "int64", "--quiet"])
